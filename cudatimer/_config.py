@@ -1,0 +1,28 @@
+"""Environment switches, read once at import (never on the hot path)."""
+
+from __future__ import annotations
+
+import os
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_flag(name: str, *, default: bool) -> bool:
+    """Parse a boolean environment variable; an unknown value is an error, not a silent guess."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(
+        f"environment variable {name}={raw!r} is not a boolean; use 1/true/yes or 0/false/no"
+    )
+
+
+#: ``CUDATIMER_DISABLE=1`` turns every region into a no-op at import: decorators return the
+#: function unchanged and ``cuda_region`` returns a shared null context.
+DISABLED_AT_IMPORT: bool = env_flag("CUDATIMER_DISABLE", default=False)

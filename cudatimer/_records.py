@@ -1,0 +1,132 @@
+"""Frozen records: what a report is made from. Plain data, no torch, safe to pickle and compare."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ._hist import Histogram
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RegionStats:
+    """Statistics of one region path on one clock.
+
+    ``clock`` is ``"cuda:N"`` when the region was timed with CUDA events on device N, or
+    ``"host"`` when it was timed on the host clock (no CUDA, a forked child, ``clock="host"``).
+    GPU fields are ``None`` on the host clock. GPU time is the span between the start and end
+    events on the region's stream, idle gaps included; CPU time is the host wall time between
+    enter and exit.
+    """
+
+    name: str
+    clock: str
+    calls: int
+    gpu: Histogram | None
+    cpu: Histogram
+    skipped: int = 0  # calls with no GPU timing (e.g. entered during CUDA graph capture)
+    depth: int = 0
+
+    # Derived, filled in __post_init__ so they are plain fields in asdict()/DataFrames.
+    gpu_total_ms: float | None = field(init=False)
+    gpu_mean_ms: float | None = field(init=False)
+    gpu_min_ms: float | None = field(init=False)
+    gpu_max_ms: float | None = field(init=False)
+    gpu_p50_ms: float | None = field(init=False)
+    gpu_p90_ms: float | None = field(init=False)
+    gpu_p99_ms: float | None = field(init=False)
+    cpu_total_ms: float = field(init=False)
+    cpu_mean_ms: float = field(init=False)
+    cpu_min_ms: float = field(init=False)
+    cpu_max_ms: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        g = self.gpu
+        timed = g is not None and g.count > 0
+        put = object.__setattr__
+        put(self, "gpu_total_ms", g.total if timed else None)  # type: ignore[union-attr]
+        put(self, "gpu_mean_ms", g.mean if timed else None)  # type: ignore[union-attr]
+        put(self, "gpu_min_ms", g.min if timed else None)  # type: ignore[union-attr]
+        put(self, "gpu_max_ms", g.max if timed else None)  # type: ignore[union-attr]
+        put(self, "gpu_p50_ms", g.quantile(0.5) if timed else None)  # type: ignore[union-attr]
+        put(self, "gpu_p90_ms", g.quantile(0.9) if timed else None)  # type: ignore[union-attr]
+        put(self, "gpu_p99_ms", g.quantile(0.99) if timed else None)  # type: ignore[union-attr]
+        c = self.cpu
+        put(self, "cpu_total_ms", c.total)
+        put(self, "cpu_mean_ms", c.mean)
+        put(self, "cpu_min_ms", c.min if c.count else math.nan)
+        put(self, "cpu_max_ms", c.max if c.count else math.nan)
+
+    @property
+    def leaf(self) -> str:
+        """The region's own name (the last part of its path)."""
+        return self.name.rsplit("/", 1)[-1]
+
+    @property
+    def total_ms(self) -> float:
+        """GPU total where the region was timed on the GPU, else host total."""
+        return self.gpu_total_ms if self.gpu_total_ms is not None else self.cpu_total_ms
+
+    def merge(self, other: RegionStats) -> RegionStats:
+        """Combine two records of the same region and clock (e.g. from two runs or ranks)."""
+        if (other.name, other.clock) != (self.name, self.clock):
+            raise ValueError(
+                f"cannot merge region {other.name!r} ({other.clock}) into {self.name!r} "
+                f"({self.clock}): names and clocks must match"
+            )
+        gpu = self.gpu.merge(other.gpu) if self.gpu and other.gpu else (self.gpu or other.gpu)
+        return RegionStats(
+            name=self.name,
+            clock=self.clock,
+            calls=self.calls + other.calls,
+            gpu=gpu,
+            cpu=self.cpu.merge(other.cpu),
+            skipped=self.skipped + other.skipped,
+            depth=self.depth,
+        )
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Everything one Timer resolved, as frozen data.
+
+    ``regions`` is ordered by first appearance of each path (parents before children).
+    ``pending`` counts samples whose GPU work had not finished when the summary was taken
+    (they are kept and appear in a later summary); ``open`` counts regions still entered.
+    """
+
+    regions: tuple[RegionStats, ...]
+    pending: int = 0
+    open: int = 0
+    steps: int = 0
+    meta: tuple[tuple[str, str], ...] = ()
+
+    def __getitem__(self, name: str) -> RegionStats:
+        """The record of region ``name`` (its full path); KeyError lists what exists."""
+        found = [r for r in self.regions if r.name == name]
+        if not found:
+            known = ", ".join(sorted({r.name for r in self.regions})) or "none"
+            raise KeyError(f"no region named {name!r}; regions: {known}")
+        if len(found) > 1:
+            clocks = ", ".join(r.clock for r in found)
+            raise KeyError(
+                f"region {name!r} was timed on several clocks ({clocks}); "
+                f"pick one with summary.get({name!r}, clock=...)"
+            )
+        return found[0]
+
+    def get(self, name: str, clock: str | None = None) -> RegionStats | None:
+        """The record of ``name`` on ``clock`` (any clock if None), or None."""
+        for r in self.regions:
+            if r.name == name and (clock is None or r.clock == clock):
+                return r
+        return None
+
+    def __contains__(self, name: object) -> bool:
+        return any(r.name == name for r in self.regions)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.name for r in self.regions))

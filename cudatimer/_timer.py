@@ -1,0 +1,517 @@
+"""The recorder: Timer, Region and the one pair of enter/exit hooks everything shares.
+
+Per-call state lives on a per-thread stack of tuples, never on a shared object, so one Region
+(cached per name) can be entered recursively and from many threads at once. The hot path does,
+per region: a thread-local read, a dict lookup for the path, an NVTX push/pop with cached
+attributes, one stream lookup (a tuple from C, a dict hit), two pooled event records on that
+stream, two host clock reads and a deque append. No synchronisation, no allocation of events,
+no Python Stream objects. Everything else (resolving events, statistics, reports) happens when
+a sample is harvested (every HARVEST_BATCH exits, without blocking) or when a report is asked.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+import torch
+
+from . import _cuda
+from ._config import DISABLED_AT_IMPORT
+from ._hist import HistBuilder
+from ._nvtx import Domain, resolve_color
+from ._records import RegionStats, Summary
+
+F = TypeVar("F", bound=Callable[..., Any])
+Mode = Literal["full", "nvtx", "events"]
+Clock = Literal["auto", "host"]
+_MODES = ("full", "nvtx", "events")
+_CLOCKS = ("auto", "host")
+
+_perf_ns = time.perf_counter_ns
+_is_compiling: Callable[[], bool] = getattr(
+    getattr(torch, "compiler", None), "is_compiling", lambda: False
+)
+_BACKEND = _cuda.BACKEND
+_LOCK = _cuda.LOCK
+
+# Frame kinds, stored in the t0 slot when no host time is taken.
+_OFF = -1  # timer disabled at enter: exit pops the frame and nothing else
+_NVTX_ONLY = -2  # mode="nvtx": exit pops the NVTX range only
+_SKIP = object()  # start-event slot of a frame entered while its stream was capturing
+
+
+class _Acc:
+    """Running statistics of one region path on one clock."""
+
+    __slots__ = ("calls", "cpu", "gpu", "skipped")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.skipped = 0
+        self.gpu = HistBuilder()
+        self.cpu = HistBuilder()
+
+
+class _Node:
+    """One region path of one Timer (``outer/inner``); children by name."""
+
+    __slots__ = ("children", "depth", "name", "owner", "path", "stats")
+
+    def __init__(self, owner: Timer, name: str, parent: _Node | None) -> None:
+        self.owner = owner
+        self.name = name
+        self.path: str = name if parent is None or parent.path == "" else f"{parent.path}/{name}"
+        self.depth: int = 0 if parent is None or parent.path == "" else parent.depth + 1
+        self.children: dict[str, _Node] = {}
+        self.stats: dict[str, _Acc] = {}
+
+    def child(self, name: str) -> _Node:
+        node = self.children.get(name)
+        if node is None:
+            node = self.children.setdefault(name, _Node(self.owner, name, self))
+        return node
+
+    def add(
+        self, clock: str, gpu_ms: float | None, cpu_ms: float, step: int, skipped: bool
+    ) -> None:
+        """Fold one finished sample in; callers hold ``_cuda.LOCK``."""
+        acc = self.stats.get(clock)
+        if acc is None:
+            acc = self.stats[clock] = _Acc()
+        acc.calls += 1
+        if gpu_ms is not None:
+            acc.gpu.add(gpu_ms)
+        if skipped:
+            acc.skipped += 1
+        acc.cpu.add(cpu_ms)
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        self.stack: list[tuple[Any, ...]] = []
+
+
+def _check_name(name: object, what: str = "name") -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"{what} must be a str, got {type(name).__name__} ({name!r})")
+    if not name or not name.strip():
+        raise ValueError(f"{what} must be a non-empty string")
+    if "/" in name:
+        raise ValueError(
+            f"{what} {name!r} contains '/', which separates nesting levels in region paths; "
+            "nest regions instead, or use another separator such as '.'"
+        )
+    return name
+
+
+class Region:
+    """A named region of a Timer: a context manager and a decorator.
+
+    One Region object serves every call (state of each call lives on the calling thread's
+    stack), so ``cuda_region("x")`` returns a cached object and costs a dict lookup.
+
+    >>> import cudatimer
+    >>> with cudatimer.cuda_region("load"):
+    ...     pass
+    >>> @cudatimer.cuda_region("step")
+    ... def step():
+    ...     pass
+    """
+
+    __slots__ = ("attrs", "domain", "events", "name", "nvtx", "timer", "timing", "warned")
+
+    def __init__(
+        self,
+        timer: Timer,
+        name: str,
+        mode: Mode,
+        color: int,
+        category: int | str | None,
+        payload: float | None,
+        clock: Clock,
+    ) -> None:
+        self.timer = timer
+        self.name = name
+        self.domain = timer.domain
+        # Decided here, once, so the hot path tests plain attributes: attrs is None when NVTX is
+        # off, no tool is attached, or mode="events".
+        self.attrs = (
+            self.domain.attributes(name, color, category, payload) if mode != "events" else None
+        )
+        self.nvtx = self.attrs is not None
+        self.timing = mode != "nvtx"  # mode="nvtx": a range in Nsight, nothing recorded
+        self.events = self.timing and clock != "host"
+        self.warned = False
+
+    def __enter__(self) -> Region:
+        self.timer._enter(self)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.timer._exit(self, exc_type is None)
+
+    def __call__(self, fn: F) -> F:
+        from ._wrap import wrap
+
+        wrapped: F = wrap(fn, self)
+        return wrapped
+
+    def __repr__(self) -> str:
+        return f"Region({self.name!r}, timer={self.timer.name!r})"
+
+
+class _NullRegion:
+    """What regions become when ``CUDATIMER_DISABLE`` is set: nothing on enter, exit or call."""
+
+    __slots__ = ()
+    name = ""
+
+    def __enter__(self) -> _NullRegion:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __call__(self, fn: F) -> F:
+        return fn
+
+
+NULL_REGION = _NullRegion()
+
+
+class Timer:
+    """An independent registry of regions with its own NVTX domain and results.
+
+    >>> import cudatimer
+    >>> timer = cudatimer.Timer(name="data")
+    >>> with timer.region("decode"):
+    ...     pass
+    >>> timer.summary()["decode"].calls
+    1
+    """
+
+    def __init__(
+        self,
+        name: str = "default",
+        *,
+        domain: str = "cudatimer",
+        mode: Mode = "full",
+        clock: Clock = "auto",
+        enabled: bool = True,
+    ) -> None:
+        _check_name(name, "name")
+        _check_name(domain, "domain")
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {', '.join(_MODES)}; got {mode!r}")
+        if clock not in _CLOCKS:
+            raise ValueError(f"clock must be one of {', '.join(_CLOCKS)}; got {clock!r}")
+        if not isinstance(enabled, bool):
+            raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+        self.name = name
+        self.domain = Domain(domain)
+        self.mode: Mode = mode
+        self.clock: Clock = clock
+        self._enabled = enabled
+        self._local = _Local()
+        self._root = _Node(self, "", None)
+        self._regions: dict[str, Region] = {}
+        self._step = 0
+
+    # -- building regions -------------------------------------------------------------------
+    def region(
+        self,
+        name: str,
+        *,
+        mode: Mode | None = None,
+        color: int | str | None = None,
+        category: int | str | None = None,
+        payload: float | None = None,
+        clock: Clock | None = None,
+    ) -> Region:
+        """A region named ``name``: ``with timer.region("fwd"):`` or ``@timer.region("fwd")``.
+
+        Options: ``mode`` ("full": events and NVTX; "nvtx": NVTX range only, no events;
+        "events": no NVTX), ``color`` (a name or 0xRRGGBB; default: stable per name),
+        ``category`` (int or str, NVTX category), ``payload`` (int or float shown on the NVTX
+        range, e.g. a step number), ``clock`` ("auto": CUDA events when CUDA is in use, else
+        the host clock; "host": always the host clock, for CPU-only code).
+        """
+        if DISABLED_AT_IMPORT:
+            _check_name(name)
+            return NULL_REGION  # type: ignore[return-value]
+        if (
+            mode is None
+            and color is None
+            and category is None
+            and payload is None
+            and clock is None
+        ):
+            try:
+                cached = self._regions.get(name)
+            except TypeError:
+                cached = None
+            if cached is not None:
+                return cached
+            region = self._make(name, self.mode, None, None, None, self.clock)
+            self._regions[name] = region
+            return region
+        return self._make(
+            name,
+            self.mode if mode is None else mode,
+            color,
+            category,
+            payload,
+            self.clock if clock is None else clock,
+        )
+
+    def _make(
+        self,
+        name: object,
+        mode: object,
+        color: object,
+        category: object,
+        payload: object,
+        clock: object,
+    ) -> Region:
+        name = _check_name(name)
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {', '.join(_MODES)}; got {mode!r}")
+        if clock not in _CLOCKS:
+            raise ValueError(f"clock must be one of {', '.join(_CLOCKS)}; got {clock!r}")
+        if category is not None and (
+            isinstance(category, bool) or not isinstance(category, (int, str))
+        ):
+            raise TypeError(f"category must be an int or a str, got {type(category).__name__}")
+        if isinstance(category, int) and category < 0:
+            raise ValueError(f"category must be >= 0, got {category}")
+        if payload is not None and (
+            isinstance(payload, bool) or not isinstance(payload, (int, float))
+        ):
+            raise TypeError(f"payload must be an int or a float, got {type(payload).__name__}")
+        rgb = resolve_color(name, color)
+        return Region(self, name, mode, rgb, category, payload, clock)  # type: ignore[arg-type]
+
+    def timed(self, fn: Any = None, /, name: str | None = None, **options: Any) -> Any:
+        """Decorator: ``@timer.timed``, ``@timer.timed("name")`` or ``@timer.timed(name=...)``.
+
+        The default name is the function's ``__qualname__`` (``Model.forward``).
+        """
+        from ._wrap import timed
+
+        return timed(self, fn, name, options)
+
+    # -- switches -----------------------------------------------------------------------------
+    def enable(self) -> None:
+        """Turn timing back on (regions entered from now on are recorded)."""
+        if DISABLED_AT_IMPORT:
+            warnings.warn(
+                "cudatimer: CUDATIMER_DISABLE is set, so regions were made no-ops at import; "
+                "enable() has no effect. Unset CUDATIMER_DISABLE to time regions.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        self._enabled = True
+
+    def disable(self) -> None:
+        """Stop timing: regions entered from now on do no timing and emit no NVTX."""
+        self._enabled = False
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled and not DISABLED_AT_IMPORT
+
+    def step(self) -> int:
+        """Mark an iteration boundary; returns the new step number."""
+        self._step += 1
+        return self._step
+
+    # -- the hot path ---------------------------------------------------------------------------
+    def _enter(self, r: Region) -> None:
+        if _is_compiling():
+            # Dynamo would trace into thread-locals and event objects and crash or lose them
+            # (../FACTS: torch.compile); inside a compiled graph the region does nothing.
+            return
+        stack = self._local.stack
+        node = (stack[-1][1] if stack else self._root).child(r.name)
+        if not self._enabled:
+            stack.append((r, node, None, None, _OFF))
+            return
+        if r.nvtx:
+            r.domain.push(r.attrs)
+        if not r.timing:
+            stack.append((r, node, None, None, _NVTX_ONLY))
+            return
+        if not r.events:
+            stack.append((r, node, None, None, _perf_ns()))
+            return
+        if _BACKEND.state == _cuda.USABLE or _BACKEND.probe():
+            try:
+                entry = _BACKEND.current_entry()
+                if entry is None:  # capturing a CUDA graph: host time only, counted as skipped
+                    stack.append((r, node, None, _SKIP, _perf_ns()))
+                    return
+                pool = entry.pool
+                start = pool.pop() if pool else entry.make_event()
+                start.record(entry.stream)
+            except BaseException:
+                if r.nvtx:
+                    r.domain.pop()
+                raise
+            stack.append((r, node, entry, start, _perf_ns()))
+            return
+        stack.append((r, node, None, None, _perf_ns()))
+
+    def _exit(self, r: Region, clean: bool) -> None:
+        if _is_compiling():
+            return
+        t1 = _perf_ns()
+        stack = self._local.stack
+        try:
+            frame = stack.pop()
+        except IndexError:
+            raise RuntimeError(
+                f"cudatimer: region {r.name!r} exited on a thread where no region is open "
+                "(was __exit__ called twice, or from another thread than __enter__?)"
+            ) from None
+        if frame[0] is not r:
+            frame = self._out_of_order(r, frame, stack)
+            self._finish(frame, t1)
+            if clean:
+                raise RuntimeError(
+                    f"cudatimer: region {r.name!r} was closed while a region opened inside it "
+                    f"({stack[-1][0].name!r}) is still open; close regions in reverse order. "
+                    "Both are still recorded."
+                )
+            return
+        self._finish(frame, t1)
+
+    def _begin(self, r: Region) -> tuple[Any, ...] | None:
+        """Open a detached region (async functions): not on the thread's stack, NVTX
+        start/end instead of push/pop; its parent is the region open on this thread now."""
+        if _is_compiling() or not self._enabled:
+            return None
+        stack = self._local.stack
+        node = (stack[-1][1] if stack else self._root).child(r.name)
+        range_id = r.domain.start(r.attrs) if r.nvtx else None
+        if not r.timing:
+            return (r, node, None, None, _NVTX_ONLY, range_id)
+        entry = start = None
+        if r.events and (_BACKEND.state == _cuda.USABLE or _BACKEND.probe()):
+            entry = _BACKEND.current_entry()
+            if entry is None:
+                start = _SKIP
+            else:
+                start = entry.pool.pop() if entry.pool else entry.make_event()
+                start.record(entry.stream)
+        return (r, node, entry, start, _perf_ns(), range_id)
+
+    def _end(self, r: Region, token: tuple[Any, ...] | None) -> None:
+        if token is not None:
+            self._finish(token[:5], _perf_ns(), token[5])
+
+    def _finish(self, frame: tuple[Any, ...], t1: int, range_id: Any = None) -> None:
+        r, node, entry, start, t0 = frame
+        if t0 < 0:
+            if t0 == _NVTX_ONLY and r.nvtx:
+                r.domain.pop() if range_id is None else r.domain.end(range_id)
+            return
+        try:
+            if entry is not None:
+                pool = entry.pool
+                end = pool.pop() if pool else entry.make_event()
+                end.record(entry.stream)
+                pend = entry.pending
+                pend.append((node, start, end, (t1 - t0) * 1e-6, self._step))
+                if len(pend) >= entry.check_at:
+                    _BACKEND.try_harvest(entry)
+            else:
+                with _LOCK:
+                    node.add("host", None, (t1 - t0) * 1e-6, self._step, start is _SKIP)
+        finally:
+            if r.nvtx:
+                r.domain.pop() if range_id is None else r.domain.end(range_id)
+
+    def _out_of_order(
+        self, r: Region, top: tuple[Any, ...], stack: list[tuple[Any, ...]]
+    ) -> tuple[Any, ...]:
+        """Find ``r``'s frame below ``top``; keep the inner frames open, return ``r``'s."""
+        stack.append(top)
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i][0] is r:
+                return stack.pop(i)
+        raise RuntimeError(
+            f"cudatimer: region {r.name!r} exited on this thread without having been entered "
+            f"here (open regions: {', '.join(f[0].name for f in stack)})"
+        )
+
+    # -- reading ------------------------------------------------------------------------------
+    def summary(self, *, timeout_s: float = 60.0) -> Summary:
+        """Resolve every finished sample and return frozen records (never clears anything).
+
+        Waits at most ``timeout_s`` for GPU work still running; samples not finished by then
+        stay pending (``Summary.pending``) and appear in a later summary.
+        """
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
+            raise TypeError(
+                f"timeout_s must be a number of seconds, got {type(timeout_s).__name__}"
+            )
+        if timeout_s < 0:
+            raise ValueError(f"timeout_s must be >= 0, got {timeout_s}")
+        _BACKEND.drain(float(timeout_s))
+        with _LOCK:
+            regions: list[RegionStats] = []
+            todo = list(reversed(self._root.children.values()))
+            while todo:
+                node = todo.pop()
+                for clock, acc in node.stats.items():
+                    regions.append(
+                        RegionStats(
+                            name=node.path,
+                            clock=clock,
+                            calls=acc.calls,
+                            gpu=acc.gpu.freeze() if clock != "host" else None,
+                            cpu=acc.cpu.freeze(),
+                            skipped=acc.skipped,
+                            depth=node.depth,
+                        )
+                    )
+                todo.extend(reversed(node.children.values()))
+            pending = sum(
+                1
+                for e in _BACKEND.entries.values()
+                for sample in list(e.pending)
+                if sample[0].owner is self
+            )
+        meta = (("timer", self.name), ("torch", torch.__version__))
+        return Summary(
+            regions=tuple(regions),
+            pending=pending,
+            open=len(self._local.stack),
+            steps=self._step,
+            meta=meta,
+        )
+
+    def report(self, *, timeout_s: float = 60.0, **options: Any) -> str:
+        """Print the table of regions and return it as text (see ``cudatimer.render``)."""
+        from ._report import render
+
+        text = render(self.summary(timeout_s=timeout_s), **options)
+        print(text)
+        return text
+
+    def reset(self) -> None:
+        """Forget every result of this Timer. Samples still on the GPU are discarded when they
+        finish (their events go back to the pool); regions open now are not recorded."""
+        with _LOCK:
+            self._root = _Node(self, "", None)
+            self._step = 0
