@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._export import load
 from ._hist import ALPHA, Histogram
-from ._records import SCHEMA_VERSION, RegionStats, Summary
+from ._records import SCHEMA_VERSION, RegionStats, Summary, SyncSite
 from ._timer import Region, Timer
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "Region",
     "RegionStats",
     "Summary",
+    "SyncSite",
     "Timer",
     "cuda_region",
     "cuda_timed",
@@ -33,8 +35,10 @@ __all__ = [
     "disable",
     "enable",
     "is_enabled",
+    "load",
     "report",
     "reset",
+    "save",
     "step",
     "summary",
 ]
@@ -99,3 +103,8 @@ def is_enabled() -> bool:
 def step() -> int:
     """Mark an iteration boundary of the default Timer; returns the new step number."""
     return _DEFAULT.step()
+
+
+def save(path: str, *, timeout_s: float = 60.0) -> Summary:
+    """Write the default Timer's summary as JSON; ``cudatimer.load(path)`` reads it back."""
+    return _DEFAULT.save(path, timeout_s=timeout_s)

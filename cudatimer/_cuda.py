@@ -48,7 +48,18 @@ UNDECIDED, USABLE, UNUSABLE = 0, 1, 2
 class StreamEntry:
     """A stream seen by some region: its cached Stream object, event pool, pending samples."""
 
-    __slots__ = ("check_at", "clock", "device", "key", "make_event", "pending", "pool", "stream")
+    __slots__ = (
+        "check_at",
+        "clock",
+        "device",
+        "key",
+        "make_event",
+        "pending",
+        "pool",
+        "ref",
+        "ref_ns",
+        "stream",
+    )
 
     def __init__(self, key: tuple[int, int, int]) -> None:
         stream_id, device, device_type = key
@@ -58,11 +69,17 @@ class StreamEntry:
         self.stream: Any = _cuda_mod.Stream(
             stream_id=stream_id, device_index=device, device_type=device_type
         )
-        # Samples: (node, start event, end event, cpu_ms, step), in end-record order.
-        self.pending: deque[tuple[Any, Any, Any, float, int]] = deque()
+        # Samples: (node, start event, end event, cpu ms, step, host start ns, thread id), in
+        # end-record order.
+        self.pending: deque[tuple[Any, Any, Any, float, int, int, int]] = deque()
         self.check_at = HARVEST_BATCH
         self.pool: list[Any] = _pool_for(device)
         self.make_event = _event_factory(device, self.stream)
+        # Trace export places every event on this stream's GPU timeline by its elapsed time
+        # from this reference event; ref_ns is the host clock when it was recorded.
+        self.ref = self.make_event()
+        self.ref.record(self.stream)
+        self.ref_ns = time.perf_counter_ns()
         if len(self.pool) < PREWARM_EVENTS:
             for _ in range(PREWARM_EVENTS):
                 ev = self.make_event()
@@ -163,16 +180,19 @@ class Backend:
             clock = entry.clock
             for _ in range(ready):
                 sample = pend.popleft()
-                node, start, end, cpu_ms, step = sample
+                node, start, end, cpu_ms, step, t0, tid = sample
                 try:
                     gpu_ms = start.elapsed_time(end)
                 except (RuntimeError, ValueError):
                     # Two threads appended out of record order: this one is not done yet.
                     pend.appendleft(sample)
                     break
-                node.add(clock, gpu_ms, cpu_ms, step, False)
-                pool.append(start)
-                pool.append(end)
+                kept = node.owner._record(
+                    node, clock, gpu_ms, cpu_ms, step, False, t0, tid, entry, start, end
+                )
+                if not kept:
+                    pool.append(start)
+                    pool.append(end)
         entry.check_at = len(pend) + HARVEST_BATCH
 
     def try_harvest(self, entry: StreamEntry) -> None:

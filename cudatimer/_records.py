@@ -28,6 +28,7 @@ class RegionStats:
     cpu: Histogram
     skipped: int = 0  # calls with no GPU timing (e.g. entered during CUDA graph capture)
     depth: int = 0
+    syncs: int = 0  # host-device synchronisations seen inside it (detect_syncs)
 
     # Derived, filled in __post_init__ so they are plain fields in asdict()/DataFrames.
     gpu_total_ms: float | None = field(init=False)
@@ -85,7 +86,18 @@ class RegionStats:
             cpu=self.cpu.merge(other.cpu),
             skipped=self.skipped + other.skipped,
             depth=self.depth,
+            syncs=self.syncs + other.syncs,
         )
+
+
+@dataclass(frozen=True)
+class SyncSite:
+    """Where a host-device synchronisation happened: ``file:line`` of the user's code."""
+
+    location: str
+    kind: str  # e.g. "item", "cpu", "synchronize", "event.synchronize", "stream.synchronize"
+    region: str  # path of the innermost region open on that thread
+    count: int
 
 
 @dataclass(frozen=True)
@@ -102,6 +114,7 @@ class Summary:
     open: int = 0
     steps: int = 0
     meta: tuple[tuple[str, str], ...] = ()
+    sync_sites: tuple[SyncSite, ...] = ()
 
     def __getitem__(self, name: str) -> RegionStats:
         """The record of region ``name`` (its full path); KeyError lists what exists."""

@@ -11,9 +11,13 @@ a sample is harvested (every HARVEST_BATCH exits, without blocking) or when a re
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import warnings
+import weakref
+from array import array
+from collections import deque
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -24,7 +28,7 @@ from . import _cuda
 from ._config import DISABLED_AT_IMPORT
 from ._hist import HistBuilder
 from ._nvtx import Domain, resolve_color
-from ._records import RegionStats, Summary
+from ._records import RegionStats, Summary, SyncSite
 
 F = TypeVar("F", bound=Callable[..., Any])
 Mode = Literal["full", "nvtx", "events"]
@@ -33,6 +37,7 @@ _MODES = ("full", "nvtx", "events")
 _CLOCKS = ("auto", "host")
 
 _perf_ns = time.perf_counter_ns
+_get_ident = threading.get_ident
 _is_compiling: Callable[[], bool] = getattr(
     getattr(torch, "compiler", None), "is_compiling", lambda: False
 )
@@ -60,10 +65,12 @@ class _Acc:
 class _Node:
     """One region path of one Timer (``outer/inner``); children by name."""
 
-    __slots__ = ("children", "depth", "name", "owner", "path", "stats")
+    __slots__ = ("children", "depth", "gen", "name", "owner", "path", "stats", "syncs")
 
     def __init__(self, owner: Timer, name: str, parent: _Node | None) -> None:
         self.owner = owner
+        self.gen = owner._gen  # reset() bumps the Timer's generation: older nodes are dead
+        self.syncs = 0
         self.name = name
         self.path: str = name if parent is None or parent.path == "" else f"{parent.path}/{name}"
         self.depth: int = 0 if parent is None or parent.path == "" else parent.depth + 1
@@ -76,10 +83,8 @@ class _Node:
             node = self.children.setdefault(name, _Node(self.owner, name, self))
         return node
 
-    def add(
-        self, clock: str, gpu_ms: float | None, cpu_ms: float, step: int, skipped: bool
-    ) -> None:
-        """Fold one finished sample in; callers hold ``_cuda.LOCK``."""
+    def add(self, clock: str, gpu_ms: float | None, cpu_ms: float, skipped: bool) -> None:
+        """Fold one finished sample into the running statistics; callers hold ``_cuda.LOCK``."""
         acc = self.stats.get(clock)
         if acc is None:
             acc = self.stats[clock] = _Acc()
@@ -208,8 +213,15 @@ class Timer:
         mode: Mode = "full",
         clock: Clock = "auto",
         enabled: bool = True,
+        keep_steps: int = 1000,
+        trace_samples: int = 4096,
     ) -> None:
         _check_name(name, "name")
+        for arg, value in (("keep_steps", keep_steps), ("trace_samples", trace_samples)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{arg} must be an int, got {type(value).__name__}")
+            if value < 0:
+                raise ValueError(f"{arg} must be >= 0, got {value}")
         _check_name(domain, "domain")
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {', '.join(_MODES)}; got {mode!r}")
@@ -223,9 +235,22 @@ class Timer:
         self.clock: Clock = clock
         self._enabled = enabled
         self._local = _Local()
+        self._gen = 0
         self._root = _Node(self, "", None)
         self._regions: dict[str, Region] = {}
         self._step = 0
+        # Per-step raw samples of the last ``keep_steps`` steps: {step: {(path, clock): (gpu
+        # ms, cpu ms)}}. Raw values (8 bytes each) make window reports exact; whole-run
+        # statistics live in the nodes and never depend on this window.
+        self.keep_steps = keep_steps
+        self._steps: dict[int, dict[tuple[str, str], tuple[array[float], array[float]]]] = {}
+        # The last ``trace_samples`` samples with their events kept alive, for trace export:
+        # (path, clock, entry, start event, end event, host start ns, cpu ms, step, thread id).
+        self.trace_samples = trace_samples
+        self._trace: deque[tuple[Any, ...]] = deque()
+        # Synchronisations seen by detect_syncs(): {(location, kind, region path): count}.
+        self._sync_sites: dict[tuple[str, str, str], int] = {}
+        _TIMERS.add(self)
 
     # -- building regions -------------------------------------------------------------------
     def region(
@@ -431,15 +456,84 @@ class Timer:
                 end = pool.pop() if pool else entry.make_event()
                 end.record(entry.stream)
                 pend = entry.pending
-                pend.append((node, start, end, (t1 - t0) * 1e-6, self._step))
+                pend.append((node, start, end, (t1 - t0) * 1e-6, self._step, t0, _get_ident()))
                 if len(pend) >= entry.check_at:
                     _BACKEND.try_harvest(entry)
             else:
                 with _LOCK:
-                    node.add("host", None, (t1 - t0) * 1e-6, self._step, start is _SKIP)
+                    self._record(
+                        node,
+                        "host",
+                        None,
+                        (t1 - t0) * 1e-6,
+                        self._step,
+                        start is _SKIP,
+                        t0,
+                        _get_ident(),
+                        None,
+                        None,
+                        None,
+                    )
         finally:
             if r.nvtx:
                 r.domain.pop() if range_id is None else r.domain.end(range_id)
+
+    def _record(
+        self,
+        node: _Node,
+        clock: str,
+        gpu_ms: float | None,
+        cpu_ms: float,
+        step: int,
+        skipped: bool,
+        t0: int,
+        tid: int,
+        entry: Any,
+        start: Any,
+        end: Any,
+    ) -> bool:
+        """Fold a finished sample in (caller holds LOCK). True if its events were kept for the
+        trace window (the caller must then not return them to the pool)."""
+        if node.gen != self._gen:
+            return False  # recorded before reset(): discarded
+        node.add(clock, gpu_ms, cpu_ms, skipped)
+        if self.keep_steps:
+            per_step = self._steps.get(step)
+            if per_step is None:
+                per_step = self._steps[step] = {}
+                if len(self._steps) > self.keep_steps:
+                    del self._steps[next(iter(self._steps))]
+            key = (node.path, clock)
+            series = per_step.get(key)
+            if series is None:
+                series = per_step[key] = (array("d"), array("d"))
+            series[0].append(gpu_ms if gpu_ms is not None else float("nan"))
+            series[1].append(cpu_ms)
+        if not self.trace_samples:
+            return False
+        ring = self._trace
+        if len(ring) >= self.trace_samples:
+            old = ring.popleft()
+            if old[2] is not None:
+                old[2].pool.append(old[3])
+                old[2].pool.append(old[4])
+        ring.append((node.path, clock, entry, start, end, t0, cpu_ms, step, tid))
+        return start is not None
+
+    def _note_sync(self, kind: str, location: str) -> bool:
+        """Count one host-device synchronisation against the innermost region open on this
+        thread; False (nothing counted) when no region of this Timer is open here."""
+        stack = self._local.stack
+        if not stack:
+            return False
+        node = stack[-1][1]
+        with _LOCK:
+            if node.gen != self._gen:
+                return False
+            node.syncs += 1
+            key = (location, kind, node.path)
+            self._sync_sites[key] = self._sync_sites.get(key, 0) + 1
+        return True
 
     def _out_of_order(
         self, r: Region, top: tuple[Any, ...], stack: list[tuple[Any, ...]]
@@ -473,7 +567,7 @@ class Timer:
             todo = list(reversed(self._root.children.values()))
             while todo:
                 node = todo.pop()
-                for clock, acc in node.stats.items():
+                for i, (clock, acc) in enumerate(node.stats.items()):
                     regions.append(
                         RegionStats(
                             name=node.path,
@@ -483,6 +577,7 @@ class Timer:
                             cpu=acc.cpu.freeze(),
                             skipped=acc.skipped,
                             depth=node.depth,
+                            syncs=node.syncs if i == 0 else 0,
                         )
                     )
                 todo.extend(reversed(node.children.values()))
@@ -492,9 +587,16 @@ class Timer:
                 for sample in list(e.pending)
                 if sample[0].owner is self
             )
+            sites = tuple(
+                SyncSite(location=loc, kind=kind, region=path, count=n)
+                for (loc, kind, path), n in sorted(
+                    self._sync_sites.items(), key=lambda item: (-item[1], item[0])
+                )
+            )
         meta = (("timer", self.name), ("torch", torch.__version__))
         return Summary(
             regions=tuple(regions),
+            sync_sites=sites,
             pending=pending,
             open=len(self._local.stack),
             steps=self._step,
@@ -509,9 +611,29 @@ class Timer:
         print(text)
         return text
 
+    def save(self, path: str | os.PathLike[str], *, timeout_s: float = 60.0) -> Summary:
+        """Write this Timer's summary as JSON (``cudatimer.load`` reads it back exactly)."""
+        from ._export import save
+
+        result = self.summary(timeout_s=timeout_s)
+        save(result, path)
+        return result
+
     def reset(self) -> None:
         """Forget every result of this Timer. Samples still on the GPU are discarded when they
         finish (their events go back to the pool); regions open now are not recorded."""
         with _LOCK:
+            self._gen += 1
             self._root = _Node(self, "", None)
             self._step = 0
+            self._steps = {}
+            self._sync_sites = {}
+            for old in self._trace:
+                if old[2] is not None:
+                    old[2].pool.append(old[3])
+                    old[2].pool.append(old[4])
+            self._trace = deque()
+
+
+#: Every live Timer (sync detection and the report at exit look them up).
+_TIMERS: weakref.WeakSet[Timer] = weakref.WeakSet()
