@@ -13,6 +13,8 @@ Merging is adding bucket counts, so per-step, per-thread and per-rank histograms
 from __future__ import annotations
 
 import math
+from array import array
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -43,8 +45,7 @@ class Histogram:
     def of(cls, values: Iterable[float]) -> Histogram:
         """Build a histogram from raw values (used by tests and offline tools)."""
         b = HistBuilder()
-        for v in values:
-            b.add(v)
+        b.add_many(values)
         return b.freeze()
 
     @property
@@ -118,9 +119,14 @@ class Histogram:
 
 
 class HistBuilder:
-    """The mutable side: one ``add`` per sample (a log, a ceil and a dict update, ~0.3 us)."""
+    """The mutable side. ``add`` only appends to a raw buffer (~0.05 us); every FOLD values are
+    folded into buckets in one pass of C-level loops (``map``/``Counter``: ~0.1 us a value
+    against ~0.35 us for a per-value Python update), so harvesting stays cheap and the buffer
+    bounds memory at FOLD * 8 bytes per distribution."""
 
-    __slots__ = ("buckets", "count", "max", "min", "total", "zeros")
+    __slots__ = ("buckets", "count", "max", "min", "raw", "total", "zeros")
+
+    FOLD = 256
 
     def __init__(self) -> None:
         self.count = 0
@@ -129,21 +135,40 @@ class HistBuilder:
         self.max = -math.inf
         self.zeros = 0
         self.buckets: dict[int, int] = {}
+        self.raw = array("d")
 
     def add(self, value: float) -> None:
-        self.count += 1
-        self.total += value
-        if value < self.min:
-            self.min = value
-        if value > self.max:
-            self.max = value
-        if value > 0.0:
-            index = math.ceil(math.log(value) * _INV_LOG_GAMMA)
-            self.buckets[index] = self.buckets.get(index, 0) + 1
-        else:
-            self.zeros += 1
+        raw = self.raw
+        raw.append(value)
+        if len(raw) >= self.FOLD:
+            self.fold()
+
+    def add_many(self, values: Iterable[float]) -> None:
+        self.raw.extend(values)
+        self.fold()
+
+    def fold(self) -> None:
+        """Move the raw buffer into the exact counters and the buckets."""
+        raw = self.raw
+        if not raw:
+            return
+        self.count += len(raw)
+        self.total += math.fsum(raw)
+        lo, hi = min(raw), max(raw)
+        if lo < self.min:
+            self.min = lo
+        if hi > self.max:
+            self.max = hi
+        positive = list(filter((0.0).__lt__, raw))
+        self.zeros += len(raw) - len(positive)
+        counts = Counter(map(math.ceil, map(_INV_LOG_GAMMA.__mul__, map(math.log, positive))))
+        buckets = self.buckets
+        for index, n in counts.items():
+            buckets[index] = buckets.get(index, 0) + n
+        self.raw = array("d")
 
     def freeze(self) -> Histogram:
+        self.fold()
         return Histogram(
             count=self.count,
             total=self.total,

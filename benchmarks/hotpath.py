@@ -1,0 +1,154 @@
+"""Per-region cost of cudatimer's hot path against the floor, in the launch-bound loop.
+
+The loop is 48 x (Linear(256,256) + GELU), batch 32, fp32: ~40 us of CPU work per layer, so
+every microsecond a region adds shows. Variants run interleaved (A B C ... per round) and we
+take medians over rounds, because the same loop's floor moved 6-12 us per region between runs
+(../FACTS). "added us/region" = (variant - none) / 48; "vs floor" divides that by the floor's.
+
+    python benchmarks/hotpath.py --rounds 21 --iters 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cudatimer  # noqa: E402
+
+
+def build(device: str) -> tuple[list[torch.nn.Module], torch.Tensor]:
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(256, 256).to(device) for _ in range(48)]
+    return layers, torch.randn(32, 256, device=device)
+
+
+class Floor:
+    """Two pre-created timing torch.Events re-recorded on a cached stream: nothing else."""
+
+    def __init__(self) -> None:
+        self.stream = torch.cuda.current_stream()
+        self.a = torch.Event(device="cuda", enable_timing=True)
+        self.b = torch.Event(device="cuda", enable_timing=True)
+
+    def __enter__(self) -> None:
+        self.a.record(self.stream)
+
+    def __exit__(self, *exc: object) -> None:
+        self.b.record(self.stream)
+
+
+def variants(device: str) -> dict[str, Callable[[], AbstractContextManager[object]]]:
+    null = nullcontext()
+    out: dict[str, Callable[[], AbstractContextManager[object]]] = {"none": lambda: null}
+    if device == "cuda":
+        floor = Floor()
+        out["floor"] = lambda: floor  # type: ignore[assignment,return-value]
+    full = cudatimer.Timer(name="full")
+    events = cudatimer.Timer(name="events", mode="events")
+    nvtx_only = cudatimer.Timer(name="nvtx", mode="nvtx")
+    off = cudatimer.Timer(name="off", enabled=False)
+    out["cudatimer"] = lambda: full.region("layer")
+    out["events-only"] = lambda: events.region("layer")
+    out["nvtx-only"] = lambda: nvtx_only.region("layer")
+    out["disabled"] = lambda: off.region("layer")
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=21)
+    p.add_argument("--iters", type=int, default=20)
+    args = p.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    layers, x = build(device)
+    gelu = torch.nn.functional.gelu
+    vs = variants(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def run(make: Callable[[], AbstractContextManager[object]], iters: int) -> float:
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            y = x
+            for layer in layers:
+                with make():
+                    y = gelu(layer(y))
+        sync()
+        return (time.perf_counter() - t0) / iters
+
+    for make in vs.values():  # warm-up: pools, stream entries, cuBLAS
+        run(make, 5)
+    times: dict[str, list[float]] = {k: [] for k in vs}
+    for _ in range(args.rounds):
+        for name, make in vs.items():
+            times[name].append(run(make, args.iters))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    base = med["none"]
+    floor_add = (med["floor"] - base) / 48 if "floor" in med else float("nan")
+    print(f"device={torch.cuda.get_device_name() if device == 'cuda' else 'cpu'} "
+          f"torch={torch.__version__} rounds={args.rounds} iters={args.iters}")
+    print(f"{'variant':<12} {'ms/iter':>9} {'slowdown':>9} {'us/region':>10} {'vs floor':>9} "
+          f"{'spread us/region':>18}")
+    for k, v in med.items():
+        add = (v - base) / 48 * 1e6
+        lo = (min(times[k]) - base) / 48 * 1e6
+        hi = (max(times[k]) - base) / 48 * 1e6
+        ratio = add / (floor_add * 1e6) if floor_add == floor_add and floor_add > 0 else float("nan")
+        print(f"{k:<12} {v * 1e3:9.3f} {v / base:9.3f} {add:10.2f} {ratio:9.2f} "
+              f"{lo:8.2f}..{hi:<8.2f}")
+
+
+def micro(n: int = 20000) -> None:
+    """Per-call cost of the primitives on an idle GPU (outside the loop), in us."""
+    stream = torch.cuda.current_stream()
+    dev = torch.cuda.current_device()
+    ev = [torch.Event(device="cuda", enable_timing=True) for _ in range(2)]
+    cev = torch.cuda.Event(enable_timing=True)
+    t = cudatimer.Timer(name="micro", trace_samples=0)
+    r = t.region("m")
+    get_stream = torch._C._cuda_getCurrentStream
+    cases: dict[str, Callable[[], object]] = {
+        "getCurrentStream": lambda: get_stream(dev),
+        "getDevice": torch._C._cuda_getDevice,
+        "Event.record(stream)": lambda: ev[0].record(stream),
+        "Event.record()": lambda: ev[0].record(),
+        "cuda.Event.record(stream)": lambda: cev.record(stream),
+        "Event.query": lambda: ev[0].query(),
+        "elapsed_time": lambda: ev[0].elapsed_time(ev[1]),
+        "is_compiling": torch.compiler.is_compiling,
+    }
+
+    def region() -> None:
+        with r:
+            pass
+
+    cases["cudatimer enter+exit"] = region
+    ev[1].record(stream)
+    torch.cuda.synchronize()
+    for name, fn in cases.items():
+        for _ in range(200):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        dt = (time.perf_counter() - t0) / n * 1e6
+        torch.cuda.synchronize()
+        print(f"micro {name:<28} {dt:7.3f} us")
+    t0 = time.perf_counter()
+    s = t.summary()
+    print(f"micro summary after {s['m'].calls} regions: {(time.perf_counter() - t0) * 1e3:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
+    if torch.cuda.is_available():
+        micro()
