@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -15,6 +15,13 @@ __all__ = ["nsight_capture"]
 _lock = threading.Lock()
 _depth = 0
 _started = False
+
+
+def _profiler(name: str) -> Callable[[], object]:
+    # Looked up at each call, not imported once, so tests can patch torch.cuda.profiler; typed
+    # here because torch leaves start/stop unannotated.
+    fn: Callable[[], object] = getattr(torch.cuda.profiler, name)
+    return fn
 
 
 def _cuda_usable() -> bool:
@@ -34,7 +41,7 @@ def nsight_capture() -> Iterator[None]:
     with _lock:
         _depth += 1
         if _depth == 1 and _cuda_usable():
-            torch.cuda.profiler.start()  # looked up at call time on purpose: tests patch it
+            _profiler("start")()
             _started = True
     try:
         yield
@@ -43,4 +50,4 @@ def nsight_capture() -> Iterator[None]:
             _depth -= 1
             if _depth == 0 and _started:
                 _started = False
-                torch.cuda.profiler.stop()
+                _profiler("stop")()

@@ -103,10 +103,11 @@ class Domain:
 
     __slots__ = ("_categories", "_d", "live", "name")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, enabled: bool = True) -> None:
         self.name = name
         self._categories: dict[str, int] = {}
-        self._d: Any = _nvtx.get_domain(name) if ENABLED and _nvtx is not None else None
+        on = enabled and ENABLED and _nvtx is not None
+        self._d: Any = _nvtx.get_domain(name) if on and _nvtx is not None else None
         # DummyDomain means no tool was found at the first NVTX call: every call would be a no-op.
         self.live = self._d is not None and type(self._d).__name__ != "DummyDomain"
 
