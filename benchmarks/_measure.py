@@ -1,10 +1,13 @@
 """How the benchmark measures: interleaved timed blocks, synchronizations counted under
-torch.profiler, resident memory after many regions, report time, and event-vs-CUPTI accuracy."""
+torch.profiler, resident memory after many regions, report time, the cost per region with the
+resolution included, and event-vs-CUPTI accuracy. GPU clocks are never locked or changed: the
+GPU runs as users run it, and the interleaving and pairing absorb its drift."""
 
 from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import tempfile
 import time
@@ -118,11 +121,47 @@ class WorkloadRun:
     rounds: list[dict[str, float]] = field(default_factory=list)
     orders: list[list[str]] = field(default_factory=list)
     seconds: float = 0.0
+    #: The unwrapped step time that set ``iters`` (None: iters fixed, not calibrated).
+    calibrated_step_ms: float | None = None
+    #: Peak GPU memory allocated by the workload (None: no CUDA).
+    peak_mem_gb: float | None = None
+    #: "main", or the timer whose own process measured this (e.g. "proton").
+    process: str = "main"
 
 
-def _timed_block(wl: Workload, adapter: TimerAdapter) -> float:
-    """One block: wrap, start the timer's session, warm up, time ``iters`` steps, stop, unwrap.
-    Milliseconds per iteration, GPU work included (synchronized before and after)."""
+def run_from_dict(d: dict[str, Any]) -> WorkloadRun:
+    """A WorkloadRun back from ``dataclasses.asdict`` output (a child process's JSON)."""
+    known = {f for f in WorkloadRun.__dataclass_fields__}
+    data = {k: v for k, v in d.items() if k in known}
+    data["timers"] = {k: TimerRun(**t) for k, t in d.get("timers", {}).items()}
+    return WorkloadRun(**data)
+
+
+def calibrate_iters(wl: Workload, min_s: float = 0.3, max_steps: int = 200) -> float:
+    """Time the unwrapped step (after the caller's warm-up) and set ``wl.iters`` so a timed
+    block lasts about ``wl.block_ms`` (never fewer than the workload's own ``iters``, never more
+    than ``max_iters``). Returns the measured step time in ms."""
+    sync()
+    steps = 0
+    t0 = time.perf_counter()
+    while True:
+        wl.step()
+        steps += 1
+        if steps % 2 == 0 or steps >= max_steps:
+            sync()
+            if time.perf_counter() - t0 >= min_s or steps >= max_steps:
+                break
+    step_ms = (time.perf_counter() - t0) * 1e3 / steps
+    want = math.ceil(wl.block_ms / max(step_ms, 1e-3))
+    wl.iters = max(wl.iters, min(wl.max_iters, want))
+    return step_ms
+
+
+def _timed_block(wl: Workload, adapter: TimerAdapter, iters: int | None = None) -> float:
+    """One block: wrap, start the timer's session, warm up, time ``iters`` steps (default
+    ``wl.iters``), stop, unwrap. Milliseconds per iteration, GPU work included (synchronized
+    before and after)."""
+    iters = wl.iters if iters is None else iters
     undo = install(wl, adapter)
     try:
         gc.collect()
@@ -132,7 +171,7 @@ def _timed_block(wl: Workload, adapter: TimerAdapter) -> float:
                 wl.step()
             sync()
             t0 = time.perf_counter()
-            for _ in range(wl.iters):
+            for _ in range(iters):
                 wl.step()
             sync()
             dt = time.perf_counter() - t0
@@ -141,7 +180,7 @@ def _timed_block(wl: Workload, adapter: TimerAdapter) -> float:
     finally:
         if undo is not None:
             undo()
-    return dt * 1e3 / wl.iters
+    return dt * 1e3 / iters
 
 
 def _drain(run: WorkloadRun, adapters: dict[str, TimerAdapter], log: Log) -> None:
@@ -174,10 +213,15 @@ def run_interleaved(
     drain_every: int = 3,
     deadline: float | None = None,
     min_rounds: int = 3,
+    warm_blocks: bool = True,
 ) -> WorkloadRun:
     """Time every timer on ``wl``: round r runs each timer's block once, in an order rotated by
     r (A B C, B C A, ...), so drift and position effects spread evenly over the timers. Past
     ``deadline`` (a perf_counter time) no new round starts once ``min_rounds`` are done.
+
+    With ``warm_blocks``, each timer first runs one untimed block (warm-up + 1 step, results
+    dropped): first-use costs (event pools, NVTX string registration, a profiler's first
+    session, lazy imports) stay out of round 1.
 
     Profiler-based timers (torch.profiler, Proton) close every round instead of rotating: a
     CUPTI session can leave callbacks attached after it stops (kineto tears CUPTI down only on
@@ -215,6 +259,15 @@ def run_interleaved(
     gc.collect()
     gc.freeze()
     try:
+        if warm_blocks:
+            for key in keys + last:
+                tr = run.timers[key]
+                try:
+                    _timed_block(wl, adapters[key], iters=1)
+                    adapters[key].drain()  # what it recorded is not counted
+                except Exception as exc:
+                    tr.status, tr.reason, tr.trace = "error", f"warm-up: {error_text(exc)}", _tb()
+                    log(f"  {key}: error in its warm-up block: {tr.reason}")
         for r in range(wl.rounds):
             k = r % max(1, len(keys))
             order = keys[k:] + keys[:k] + last

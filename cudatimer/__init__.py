@@ -13,34 +13,59 @@
 
 from __future__ import annotations
 
-from typing import Any
+import atexit
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Literal, overload
 
+from . import _exit
 from ._export import load
+from ._graphs import timed_replay
 from ._hist import ALPHA, Histogram
-from ._records import SCHEMA_VERSION, RegionStats, Summary, SyncSite
+from ._instrument import Instrumented, instrument
+from ._nsight import nsight_capture
+from ._records import SCHEMA_VERSION, RegionStats, StepStats, Summary, SyncSite, TraceSample
+from ._syncs import SyncDetection, detect_syncs
 from ._timer import Region, Timer
+
+if TYPE_CHECKING:
+    from .distributed import RankSummary
 
 __all__ = [
     "ALPHA",
     "SCHEMA_VERSION",
     "Histogram",
+    "Instrumented",
     "Region",
     "RegionStats",
+    "StepStats",
     "Summary",
+    "SyncDetection",
     "SyncSite",
     "Timer",
+    "TraceSample",
     "cuda_region",
     "cuda_timed",
     "default_timer",
+    "detect_syncs",
     "disable",
     "enable",
+    "export_trace",
+    "instrument",
     "is_enabled",
     "load",
+    "mark",
+    "nsight_capture",
+    "plot",
     "report",
     "reset",
     "save",
     "step",
+    "step_series",
     "summary",
+    "timed_replay",
+    "to_csv",
+    "to_dataframe",
 ]
 __version__ = "0.1.0"
 
@@ -56,7 +81,7 @@ def cuda_region(name: str, **options: Any) -> Region:
     """A region of the default Timer: ``with cuda_region("fwd"):`` or ``@cuda_region("fwd")``.
 
     Options are those of :meth:`Timer.region` (``mode``, ``color``, ``category``, ``payload``,
-    ``clock``).
+    ``clock``, ``streams``, ``every``).
     """
     return _DEFAULT.region(name, **options)
 
@@ -65,20 +90,69 @@ def cuda_timed(fn: Any = None, /, name: str | None = None, **options: Any) -> An
     """Decorator: ``@cuda_timed``, ``@cuda_timed("name")`` or ``@cuda_timed(name=..., **opts)``.
 
     Works on functions, methods, class and static methods, ``nn.Module.forward`` (or a module
-    instance), async functions (timed until the coroutine finishes) and generator functions
-    (each resume is one call). The default name is the function's ``__qualname__``.
+    instance, or an nn.Module subclass), async functions (timed until the coroutine finishes),
+    generator functions (each resume is one call), ``@contextmanager`` functions and context
+    manager classes (timed from ``__enter__`` to ``__exit__``). The default name is the
+    function's ``__qualname__``. ``every=N`` times one call in N and counts them all.
     """
     return _DEFAULT.timed(fn, name=name, **options)
 
 
-def report(**options: Any) -> str:
-    """Print the default Timer's table and return it (reading never clears results)."""
+def report(*, all_ranks: bool = False, summary: Summary | None = None, **options: Any) -> str:
+    """Print the default Timer's table and return it (reading never clears results).
+
+    Options: see :meth:`Timer.report` (``view="tree"``, ``sort``, ``fmt``, ``columns``,
+    ``match``, ``min_share``, ``last``/``steps``/``warmup``, ``file``, ``logger``).
+    ``summary=``: render that Summary instead (e.g. ``cudatimer.load("run.json")``).
+
+    ``all_ranks=True``: the cross-rank table of a torch.distributed job, printed on rank 0;
+    every rank must call it (options: see ``cudatimer.distributed.report``).
+    """
+    if all_ranks:
+        from . import distributed
+
+        return distributed.report(_DEFAULT if summary is None else summary, **options)
+    if summary is not None:
+        from ._report import emit, render
+
+        out = {k: options.pop(k) for k in ("file", "logger", "level") if k in options}
+        emit("", check_only=True, **out)
+        text = render(summary, **options)
+        emit(text, **out)
+        return text
     return _DEFAULT.report(**options)
 
 
-def summary(*, timeout_s: float = 60.0) -> Summary:
-    """The default Timer's results as frozen records."""
-    return _DEFAULT.summary(timeout_s=timeout_s)
+@overload
+def summary(
+    *,
+    timeout_s: float = ...,
+    all_ranks: Literal[False] = ...,
+    last: int | None = ...,
+    steps: Iterable[int] | None = ...,
+    warmup: int = ...,
+    step_stats: bool = ...,
+    trace: bool = ...,
+) -> Summary: ...
+@overload
+def summary(
+    *, timeout_s: float = ..., all_ranks: Literal[True], **options: Any
+) -> RankSummary | None: ...
+def summary(
+    *, timeout_s: float = 60.0, all_ranks: bool = False, **options: Any
+) -> Summary | RankSummary | None:
+    """The default Timer's results as frozen records.
+
+    ``all_ranks=True``: every rank's results as a ``cudatimer.distributed.RankSummary`` on rank
+    0 (None on the others); every rank must call it (options: ``cudatimer.distributed.summary``).
+    Otherwise options pick a window of steps and extras, see :meth:`Timer.summary` (``last``,
+    ``steps``, ``warmup``, ``step_stats``, ``trace``).
+    """
+    if all_ranks:
+        from . import distributed
+
+        return distributed.summary(_DEFAULT, timeout_s=timeout_s, **options)
+    return _DEFAULT.summary(timeout_s=timeout_s, **options)
 
 
 def reset() -> None:
@@ -105,6 +179,88 @@ def step() -> int:
     return _DEFAULT.step()
 
 
-def save(path: str, *, timeout_s: float = 60.0) -> Summary:
-    """Write the default Timer's summary as JSON; ``cudatimer.load(path)`` reads it back."""
-    return _DEFAULT.save(path, timeout_s=timeout_s)
+def save(path: str | os.PathLike[str], *, timeout_s: float = 60.0, **window: Any) -> Summary:
+    """Write the default Timer's summary as JSON, with per-step stats and trace samples;
+    ``cudatimer.load(path)`` reads it back exactly. ``window``: ``last``/``steps``/``warmup``."""
+    return _DEFAULT.save(path, timeout_s=timeout_s, **window)
+
+
+def step_series(**window: Any) -> tuple[StepStats, ...]:
+    """Per-step time of every region of the default Timer (``StepStats`` records).
+
+    ``window``: ``last``, ``steps``, ``warmup`` as for :func:`summary`; see
+    :meth:`Timer.step_series`.
+    """
+    return _DEFAULT.step_series(**window)
+
+
+def export_trace(
+    path: str | os.PathLike[str] | Any, *, summary: Summary | None = None, **window: Any
+) -> None:
+    """Write a Chrome/Perfetto trace (JSON) of the default Timer's last calls, or of
+    ``summary.trace`` (e.g. a loaded run); open it in https://ui.perfetto.dev."""
+    if summary is not None:
+        from ._trace import write_chrome
+
+        write_chrome(summary, path)
+    else:
+        _DEFAULT.export_trace(path, **window)
+
+
+def to_csv(
+    path: str | os.PathLike[str] | Any,
+    *,
+    what: str = "regions",
+    summary: Summary | None = None,
+    **window: Any,
+) -> None:
+    """Write regions, per-step stats (``what="steps"``) or trace samples (``"trace"``) as CSV,
+    of the default Timer or of ``summary``."""
+    if summary is not None:
+        from ._export import to_csv as write
+
+        write(summary, path, what=what)
+    else:
+        _DEFAULT.to_csv(path, what=what, **window)
+
+
+def to_dataframe(*, what: str = "regions", summary: Summary | None = None, **window: Any) -> Any:
+    """A pandas DataFrame of regions, per-step stats (``what="steps"``) or trace samples
+    (``"trace"``), of the default Timer or of ``summary``. Needs pandas."""
+    if summary is not None:
+        from ._export import to_dataframe as frame
+
+        return frame(summary, what=what)
+    return _DEFAULT.to_dataframe(what=what, **window)
+
+
+def plot(
+    path: str | os.PathLike[str] | Any,
+    *,
+    summary: Summary | None = None,
+    top: int = 12,
+    **window: Any,
+) -> None:
+    """Write a PNG of where time goes (top regions, GPU vs CPU, time per step) for the default
+    Timer or ``summary``. Needs matplotlib."""
+    if summary is not None:
+        from ._plot import plot as draw
+
+        draw(summary, path, top=top)
+    else:
+        _DEFAULT.plot(path, top=top, **window)
+
+
+if _exit.ENABLED:
+    atexit.register(_exit.report_at_exit)
+
+
+def mark(
+    name: str,
+    *,
+    color: int | str | None = None,
+    category: int | str | None = None,
+    payload: float | None = None,
+) -> None:
+    """An instant NVTX marker in the default Timer's domain: ``cudatimer.mark("checkpoint")``."""
+    _DEFAULT.mark(name, color=color, category=category, payload=payload)

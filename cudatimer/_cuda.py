@@ -9,12 +9,17 @@ Costs that shape this module (H200, ../FACTS):
   (+1.5 us once), so events are pooled and reused, and a new stream's pool is pre-warmed.
 - ``query()`` never blocks (0.34-0.66 us). Events on one stream complete in the order they were
   recorded, so one query of the newest pending end event usually clears a whole batch.
+- ``_cuda_getCurrentStream(-1)`` resolves the current device in C (``getCurrentCUDAStream(-1)``
+  calls ``current_device()``) and returns the stream's device in the tuple: one call (0.14 us)
+  instead of ``_cuda_getDevice()`` + ``_cuda_getCurrentStream(dev)`` (0.1 us more), and at exit the
+  same call compared with the start key catches a stream switch and a device switch at once.
 
 Nothing here touches CUDA at import: a process that never initialises CUDA stays fork-safe.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
@@ -43,6 +48,40 @@ _HAS_CUDA_BUILD = _get_device is not None and _get_stream is not None
 LOCK = threading.Lock()
 
 UNDECIDED, USABLE, UNUSABLE = 0, 1, 2
+
+#: Argument of ``_cuda_getCurrentStream`` meaning "the current device".
+CURRENT_DEVICE = -1
+
+
+class Ends:
+    """The end events of one sample that ended on several streams (``streams=[...]``, or a
+    stream switched inside the region): ``main`` on the start stream, ``extra`` elsewhere on the
+    same device. Stored in the end slot of a pending sample; ``query()`` is True when all are
+    done, so the harvest treats it like one event. GPU time is the latest end: elapsed_time
+    between events of different streams of one device is valid (one device clock)."""
+
+    __slots__ = ("extra", "main")
+
+    def __init__(self, main: Any, extra: tuple[Any, ...]) -> None:
+        self.main = main
+        self.extra = extra
+
+    def query(self) -> bool:
+        return bool(self.main.query()) and all(e.query() for e in self.extra)
+
+    def resolve(self, start: Any) -> tuple[float, Any, list[Any]]:
+        """(GPU ms to the latest end, that end event, the other end events)."""
+        best = self.main
+        best_ms = start.elapsed_time(best)
+        rest = []
+        for e in self.extra:
+            ms = start.elapsed_time(e)
+            if ms > best_ms:
+                rest.append(best)
+                best, best_ms = e, ms
+            else:
+                rest.append(e)
+        return best_ms, best, rest
 
 
 class StreamEntry:
@@ -158,11 +197,19 @@ class Backend:
         Capture is impossible on the legacy default stream (id 0), so the capture check
         (~0.4 us) runs only for regions on side streams.
         """
-        key = _get_stream(_get_device())  # type: ignore[misc]
+        key = _get_stream(CURRENT_DEVICE)  # type: ignore[misc]
         if key[0] != 0 and _is_capturing is not None and _is_capturing():
             return None
         e = self.entries.get(key)
         return e if e is not None else self.entry(key)
+
+    def clock_now(self, events: bool) -> str:
+        """The clock a region entered now would be timed on (counting calls not timed)."""
+        if events and (self.state == USABLE or self.probe()):
+            entry = self.current_entry()
+            if entry is not None:
+                return entry.clock
+        return "host"
 
     # -- harvesting -----------------------------------------------------------------------
     def harvest(self, entry: StreamEntry) -> None:
@@ -181,8 +228,15 @@ class Backend:
             for _ in range(ready):
                 sample = pend.popleft()
                 node, start, end, cpu_ms, step, t0, tid = sample
+                rest: list[Any] = []
                 try:
-                    gpu_ms = start.elapsed_time(end)
+                    if type(end) is Ends:
+                        # Side-stream ends finish in no particular order: all must be done.
+                        if not end.query():
+                            raise RuntimeError("side stream still running")
+                        gpu_ms, end, rest = end.resolve(start)
+                    else:
+                        gpu_ms = start.elapsed_time(end)
                 except (RuntimeError, ValueError):
                     # Two threads appended out of record order: this one is not done yet.
                     pend.appendleft(sample)
@@ -193,6 +247,7 @@ class Backend:
                 if not kept:
                     pool.append(start)
                     pool.append(end)
+                pool.extend(rest)
         entry.check_at = len(pend) + HARVEST_BATCH
 
     def try_harvest(self, entry: StreamEntry) -> None:
@@ -212,8 +267,13 @@ class Backend:
         pause = 50e-6
         for entry in list(self.entries.values()):
             while entry.pending:
-                newest = entry.pending[-1][2]
-                if newest.query():
+                try:
+                    newest = entry.pending[-1][2]
+                except IndexError:  # emptied by another thread (reset, exit) meanwhile
+                    break
+                if newest.query() and all(
+                    s[2].query() for s in list(entry.pending) if type(s[2]) is Ends
+                ):
                     break
                 if time.monotonic() >= deadline:
                     break
@@ -229,8 +289,12 @@ class Backend:
     def pending_count(self) -> int:
         return sum(len(e.pending) for e in self.entries.values())
 
-    # -- fork -------------------------------------------------------------------------------
+    # -- fork and exit ----------------------------------------------------------------------
     def after_fork_in_child(self) -> None:
+        # Only the forking thread lives on in the child; a lock held by another thread of the
+        # parent at the fork would never be released. Our code never forks while holding it.
+        if LOCK.locked():
+            LOCK.release()
         bad_fork = getattr(torch.cuda, "_is_in_bad_fork", lambda: False)
         if self.state == USABLE or bad_fork():
             # The child cannot touch the parent's CUDA context; keep the old objects alive
@@ -243,7 +307,25 @@ class Backend:
             self._fork_warned = False
 
 
+    def at_exit(self) -> None:
+        """Interpreter exit: drop pending samples without waiting for the GPU, and time any
+        region entered later (other exit handlers) on the host clock. Runs after the optional
+        report at exit (atexit runs handlers last-registered first; this one is registered at
+        import, before it). Never blocks: if another thread holds the lock, leave it all."""
+        if not LOCK.acquire(timeout=0.5):
+            return
+        try:
+            if self.state == USABLE:
+                self.state = UNUSABLE
+            if not self.forked:  # a forked child must never destroy the parent's events
+                for entry in self.entries.values():
+                    entry.pending.clear()
+        finally:
+            LOCK.release()
+
+
 BACKEND = Backend()
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=BACKEND.after_fork_in_child)
+atexit.register(BACKEND.at_exit)

@@ -101,12 +101,53 @@ class SyncSite:
 
 
 @dataclass(frozen=True)
+class StepStats:
+    """One region's time in one step (``cudatimer.step()`` marks the boundaries).
+
+    ``gpu_ms`` and ``cpu_ms`` are sums over the region's ``calls`` in that step; ``gpu_ms`` is
+    None on the host clock. Steps are numbered from 0 (what ran before the first ``step()``).
+    """
+
+    step: int
+    name: str
+    clock: str
+    calls: int
+    gpu_ms: float | None
+    cpu_ms: float
+
+
+@dataclass(frozen=True)
+class TraceSample:
+    """One call of a region, placed on a timeline for trace export.
+
+    Times are milliseconds after the earliest instant of the trace it belongs to. The host span
+    is enter to exit on thread ``thread``; GPU samples also carry the span between their start
+    and end events on CUDA stream ``stream``, positioned by the elapsed time from a reference
+    event recorded on that stream (and the host clock read when it was recorded).
+    """
+
+    name: str
+    clock: str
+    step: int
+    thread: int
+    thread_name: str
+    host_start_ms: float
+    cpu_ms: float
+    stream: int | None = None
+    gpu_start_ms: float | None = None
+    gpu_ms: float | None = None
+
+
+@dataclass(frozen=True)
 class Summary:
     """Everything one Timer resolved, as frozen data.
 
     ``regions`` is ordered by first appearance of each path (parents before children).
     ``pending`` counts samples whose GPU work had not finished when the summary was taken
     (they are kept and appear in a later summary); ``open`` counts regions still entered.
+    ``steps`` is the number of steps the statistics cover (``step()`` calls for a whole-run
+    summary, the window's length for a window). ``step_stats`` and ``trace`` are filled only
+    when asked for (``summary(step_stats=True, trace=True)``; ``save()`` asks for both).
     """
 
     regions: tuple[RegionStats, ...]
@@ -115,6 +156,8 @@ class Summary:
     steps: int = 0
     meta: tuple[tuple[str, str], ...] = ()
     sync_sites: tuple[SyncSite, ...] = ()
+    step_stats: tuple[StepStats, ...] = ()
+    trace: tuple[TraceSample, ...] = ()
 
     def __getitem__(self, name: str) -> RegionStats:
         """The record of region ``name`` (its full path); KeyError lists what exists."""

@@ -11,6 +11,9 @@ a sample is harvested (every HARVEST_BATCH exits, without blocking) or when a re
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import logging
 import os
 import threading
 import time
@@ -18,7 +21,7 @@ import warnings
 import weakref
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
@@ -28,7 +31,7 @@ from . import _cuda
 from ._config import DISABLED_AT_IMPORT
 from ._hist import HistBuilder
 from ._nvtx import Domain, resolve_color
-from ._records import RegionStats, Summary, SyncSite
+from ._records import RegionStats, StepStats, Summary, SyncSite
 
 F = TypeVar("F", bound=Callable[..., Any])
 Mode = Literal["full", "nvtx", "events"]
@@ -43,11 +46,20 @@ _is_compiling: Callable[[], bool] = getattr(
 )
 _BACKEND = _cuda.BACKEND
 _LOCK = _cuda.LOCK
+_get_stream: Any = _cuda._get_stream
+_CURRENT_DEVICE = _cuda.CURRENT_DEVICE
+_Ends = _cuda.Ends
 
 # Frame kinds, stored in the t0 slot when no host time is taken.
 _OFF = -1  # timer disabled at enter: exit pops the frame and nothing else
 _NVTX_ONLY = -2  # mode="nvtx": exit pops the NVTX range only
+_UNTIMED = -3  # every=N, a call not sampled: exit counts it (clock in the entry slot), pops NVTX
 _SKIP = object()  # start-event slot of a frame entered while its stream was capturing
+
+# Region.warned bits: each kind of warning once per region.
+_W_STREAM = 1
+_W_DEVICE = 2
+_W_SIDE_DEVICE = 4
 
 
 class _Acc:
@@ -95,6 +107,13 @@ class _Node:
             acc.skipped += 1
         acc.cpu.add(cpu_ms)
 
+    def count(self, clock: str) -> None:
+        """Count a call that was not timed (``every=N``); callers hold ``_cuda.LOCK``."""
+        acc = self.stats.get(clock)
+        if acc is None:
+            acc = self.stats[clock] = _Acc()
+        acc.calls += 1
+
 
 class _Local(threading.local):
     def __init__(self) -> None:
@@ -114,6 +133,37 @@ def _check_name(name: object, what: str = "name") -> str:
     return name
 
 
+def _check_streams(streams: object) -> tuple[tuple[tuple[int, int, int], Any], ...]:
+    """Validate ``streams=`` (done once, at region creation) into ((stream key, Stream), ...)."""
+    if streams is None:
+        return ()
+    stream_type = getattr(torch, "Stream", None) or torch.cuda.Stream
+    if isinstance(streams, stream_type):
+        raise TypeError("streams must be a list or tuple of streams; wrap one in a list: [s]")
+    if isinstance(streams, (str, bytes)):
+        raise TypeError(
+            f"streams must be a list or tuple of torch.cuda.Stream, got {type(streams).__name__}"
+        )
+    try:
+        items = list(streams)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(
+            f"streams must be a list or tuple of torch.cuda.Stream, got {type(streams).__name__}"
+        ) from None
+    keys = []
+    for item in items:
+        if not isinstance(item, stream_type):
+            raise TypeError(
+                f"streams must hold torch.cuda.Stream objects, got {type(item).__name__} "
+                f"({item!r})"
+            )
+        if item.device_type != 1:  # c10::DeviceType::CUDA
+            raise ValueError(f"streams must be CUDA streams, got {item!r}")
+        key = (int(item.stream_id), int(item.device_index), int(item.device_type))
+        keys.append((key, item))
+    return tuple(keys)
+
+
 class Region:
     """A named region of a Timer: a context manager and a decorator.
 
@@ -128,7 +178,19 @@ class Region:
     ...     pass
     """
 
-    __slots__ = ("attrs", "domain", "events", "name", "nvtx", "timer", "timing", "warned")
+    __slots__ = (
+        "attrs",
+        "counter",
+        "domain",
+        "events",
+        "every",
+        "name",
+        "nvtx",
+        "streams",
+        "timer",
+        "timing",
+        "warned",
+    )
 
     def __init__(
         self,
@@ -139,6 +201,8 @@ class Region:
         category: int | str | None,
         payload: float | None,
         clock: Clock,
+        streams: tuple[tuple[tuple[int, int, int], Any], ...] = (),
+        every: int = 1,
     ) -> None:
         self.timer = timer
         self.name = name
@@ -151,7 +215,15 @@ class Region:
         self.nvtx = self.attrs is not None
         self.timing = mode != "nvtx"  # mode="nvtx": a range in Nsight, nothing recorded
         self.events = self.timing and clock != "host"
-        self.warned = False
+        self.warned = 0  # _W_* bits: warnings already given for this region
+        # Side streams whose work the GPU time must cover: ((stream key, Stream), ...). Empty
+        # for almost every region; the exit tests it before taking the slower branch.
+        self.streams = streams
+        # every=N: time one call in N (all counted). The call counter is shared by every Region
+        # of this name and rate in the Timer, so `with cuda_region("x", every=8):` in a loop
+        # samples too; next() on itertools.count is atomic under the GIL, so exact in threads.
+        self.every = every
+        self.counter: Any = timer._sampler(name, every) if every != 1 else None
 
     def __enter__(self) -> Region:
         self.timer._enter(self)
@@ -173,6 +245,16 @@ class Region:
 
     def __repr__(self) -> str:
         return f"Region({self.name!r}, timer={self.timer.name!r})"
+
+
+class _SampledRegion(Region):
+    """A region with ``every=N``: its own enter hook decides, so plain regions pay nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Region:
+        self.timer._enter_sampled(self)
+        return self
 
 
 class _NullRegion:
@@ -230,7 +312,8 @@ class Timer:
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
         self.name = name
-        self.domain = Domain(domain)
+        # With CUDATIMER_DISABLE no NVTX call is made at all (not even creating the domain).
+        self.domain = Domain(domain, enabled=not DISABLED_AT_IMPORT)
         self.mode: Mode = mode
         self.clock: Clock = clock
         self._enabled = enabled
@@ -238,6 +321,7 @@ class Timer:
         self._gen = 0
         self._root = _Node(self, "", None)
         self._regions: dict[str, Region] = {}
+        self._samplers: dict[tuple[str, int], itertools.count[int]] = {}  # every=N call counters
         self._step = 0
         # Per-step raw samples of the last ``keep_steps`` steps: {step: {(path, clock): (gpu
         # ms, cpu ms)}}. Raw values (8 bytes each) make window reports exact; whole-run
@@ -262,6 +346,8 @@ class Timer:
         category: int | str | None = None,
         payload: float | None = None,
         clock: Clock | None = None,
+        streams: Iterable[Any] | None = None,
+        every: int | None = None,
     ) -> Region:
         """A region named ``name``: ``with timer.region("fwd"):`` or ``@timer.region("fwd")``.
 
@@ -269,8 +355,27 @@ class Timer:
         "events": no NVTX), ``color`` (a name or 0xRRGGBB; default: stable per name),
         ``category`` (int or str, NVTX category), ``payload`` (int or float shown on the NVTX
         range, e.g. a step number), ``clock`` ("auto": CUDA events when CUDA is in use, else
-        the host clock; "host": always the host clock, for CPU-only code).
+        the host clock; "host": always the host clock, for CPU-only code), ``streams`` (CUDA
+        streams the region's work also runs on: an end event is recorded on each at exit and
+        the GPU time runs to the latest; no stream is made to wait), ``every`` (time one call
+        in ``every``, count them all: for hot code; ``calls`` counts every call, the times
+        cover the timed ones).
+
+        >>> import cudatimer
+        >>> t = cudatimer.Timer(name="sampled")
+        >>> hot = t.region("hot", every=4)
+        >>> for _ in range(8):
+        ...     with hot:
+        ...         pass
+        >>> r = t.summary()["hot"]
+        >>> r.calls, r.cpu.count
+        (8, 2)
         """
+        if _is_compiling():
+            # Dynamo traces this call (`with cuda_region(...)` in compiled code). It cannot
+            # enter a context manager made outside the traced code (an error under
+            # fullgraph=True), but it can one made inside: the region is left out of the graph.
+            return contextlib.nullcontext()  # type: ignore[return-value]
         if DISABLED_AT_IMPORT:
             _check_name(name)
             return NULL_REGION  # type: ignore[return-value]
@@ -280,6 +385,8 @@ class Timer:
             and category is None
             and payload is None
             and clock is None
+            and streams is None
+            and every is None
         ):
             try:
                 cached = self._regions.get(name)
@@ -297,7 +404,15 @@ class Timer:
             category,
             payload,
             self.clock if clock is None else clock,
+            streams,
+            every,
         )
+
+    def _sampler(self, name: str, every: int) -> itertools.count[int]:
+        counter = self._samplers.get((name, every))
+        if counter is None:
+            counter = self._samplers.setdefault((name, every), itertools.count())
+        return counter
 
     def _make(
         self,
@@ -307,8 +422,20 @@ class Timer:
         category: object,
         payload: object,
         clock: object,
+        streams: object = None,
+        every: object = None,
     ) -> Region:
         name = _check_name(name)
+        keys = _check_streams(streams)
+        if every is None:
+            every = 1
+        if isinstance(every, bool) or not isinstance(every, int):
+            raise TypeError(
+                f"every must be an int N >= 1 (time 1 call in N), got {type(every).__name__} "
+                f"({every!r})"
+            )
+        if every < 1:
+            raise ValueError(f"every must be >= 1 (every=1 times every call), got {every}")
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {', '.join(_MODES)}; got {mode!r}")
         if clock not in _CLOCKS:
@@ -324,7 +451,11 @@ class Timer:
         ):
             raise TypeError(f"payload must be an int or a float, got {type(payload).__name__}")
         rgb = resolve_color(name, color)
-        return Region(self, name, mode, rgb, category, payload, clock)  # type: ignore[arg-type]
+        if every != 1 and mode != "nvtx":
+            return _SampledRegion(
+                self, name, mode, rgb, category, payload, clock, keys, every  # type: ignore[arg-type]
+            )
+        return Region(self, name, mode, rgb, category, payload, clock, keys)  # type: ignore[arg-type]
 
     def timed(self, fn: Any = None, /, name: str | None = None, **options: Any) -> Any:
         """Decorator: ``@timer.timed``, ``@timer.timed("name")`` or ``@timer.timed(name=...)``.
@@ -354,6 +485,23 @@ class Timer:
     @property
     def enabled(self) -> bool:
         return self._enabled and not DISABLED_AT_IMPORT
+
+    def mark(
+        self,
+        name: str,
+        *,
+        color: int | str | None = None,
+        category: int | str | None = None,
+        payload: float | None = None,
+    ) -> None:
+        """An instant NVTX marker in this Timer's domain (e.g. ``timer.mark("checkpoint")``).
+
+        Markers are rare, so attributes are built per call; nothing is recorded for reports.
+        """
+        _check_name(name)
+        probe = self._make(name, "full", color, category, payload, "auto")  # validates options
+        if self._enabled and probe.attrs is not None:
+            self.domain.mark(probe.attrs)
 
     def step(self) -> int:
         """Mark an iteration boundary; returns the new step number."""
@@ -396,6 +544,24 @@ class Timer:
             return
         stack.append((r, node, None, None, _perf_ns()))
 
+    def _enter_sampled(self, r: Region) -> None:
+        """Enter hook of ``every=N`` regions: time call 0, N, 2N...; count the others."""
+        if _is_compiling():
+            return
+        if next(r.counter) % r.every == 0:
+            self._enter(r)
+            return
+        stack = self._local.stack
+        node = (stack[-1][1] if stack else self._root).child(r.name)
+        if not self._enabled:
+            stack.append((r, node, None, None, _OFF))
+            return
+        # A frame like any other (inner regions nest under it), without events or host time.
+        clock = _BACKEND.clock_now(r.events)
+        if r.nvtx:
+            r.domain.push(r.attrs)
+        stack.append((r, node, clock, None, _UNTIMED))
+
     def _exit(self, r: Region, clean: bool) -> None:
         if _is_compiling():
             return
@@ -430,6 +596,8 @@ class Timer:
         range_id = r.domain.start(r.attrs) if r.nvtx else None
         if not r.timing:
             return (r, node, None, None, _NVTX_ONLY, range_id)
+        if r.counter is not None and next(r.counter) % r.every:
+            return (r, node, _BACKEND.clock_now(r.events), None, _UNTIMED, range_id)
         entry = start = None
         if r.events and (_BACKEND.state == _cuda.USABLE or _BACKEND.probe()):
             entry = _BACKEND.current_entry()
@@ -447,11 +615,20 @@ class Timer:
     def _finish(self, frame: tuple[Any, ...], t1: int, range_id: Any = None) -> None:
         r, node, entry, start, t0 = frame
         if t0 < 0:
-            if t0 == _NVTX_ONLY and r.nvtx:
+            if t0 == _UNTIMED:
+                with _LOCK:
+                    if node.gen == self._gen:
+                        node.count(entry)
+            if t0 != _OFF and r.nvtx:
                 r.domain.pop() if range_id is None else r.domain.end(range_id)
             return
         try:
             if entry is not None:
+                # One stream lookup (0.14 us) tells whether the region still runs on the stream
+                # and device it started on; side streams and switches take the slower branch.
+                if r.streams or _get_stream(_CURRENT_DEVICE) != entry.key:
+                    self._finish_streams(r, node, entry, start, t0, t1)
+                    return
                 pool = entry.pool
                 end = pool.pop() if pool else entry.make_event()
                 end.record(entry.stream)
@@ -477,6 +654,85 @@ class Timer:
         finally:
             if r.nvtx:
                 r.domain.pop() if range_id is None else r.domain.end(range_id)
+
+    def _finish_streams(
+        self, r: Region, node: _Node, entry: Any, start: Any, t0: int, t1: int
+    ) -> None:
+        """Exit of a region with side streams, or whose current stream or device changed.
+
+        The end event on the start stream is always recorded (valid whatever the current
+        device). Each other stream of the start device gets its own end event; the sample's GPU
+        time runs to the latest of them. No stream waits on another: only events are recorded.
+        """
+        pool = entry.pool
+        make = entry.make_event
+        end = pool.pop() if pool else make()
+        end.record(entry.stream)
+        extra = []
+        covered = {entry.key}
+        key = _get_stream(_CURRENT_DEVICE)
+        if key != entry.key:
+            if key[1] != entry.device:
+                self._warn(
+                    r,
+                    _W_DEVICE,
+                    f"cudatimer: region {r.name!r} started on cuda:{entry.device} and ended on "
+                    f"cuda:{key[1]} (the current device changed inside it); its GPU time covers "
+                    f"cuda:{entry.device} only. Open a region inside the device switch to time "
+                    "work on the other device.",
+                )
+            elif not (key[0] != 0 and _cuda._is_capturing is not None and _cuda._is_capturing()):
+                other = _BACKEND.entries.get(key) or _BACKEND.entry(key)
+                ev = pool.pop() if pool else make()
+                ev.record(other.stream)
+                extra.append(ev)
+                covered.add(key)
+                self._warn(
+                    r,
+                    _W_STREAM,
+                    f"cudatimer: region {r.name!r} ended on another CUDA stream than it started "
+                    "on (the current stream changed inside it and was not restored); its GPU "
+                    "time runs from its start to the later of its ends on both streams. Switch "
+                    "streams with `with torch.cuda.stream(s):` inside the region, or pass "
+                    "streams=[...] to cover side streams.",
+                )
+        for skey, stream in r.streams:
+            if skey in covered:
+                continue
+            if skey[1] != entry.device:
+                self._warn(
+                    r,
+                    _W_SIDE_DEVICE,
+                    f"cudatimer: region {r.name!r} ran on cuda:{entry.device}, but one of its "
+                    f"streams= is on cuda:{skey[1]}; events of two devices cannot be compared, "
+                    "so that stream is not covered.",
+                )
+                continue
+            ev = pool.pop() if pool else make()
+            ev.record(stream)
+            extra.append(ev)
+            covered.add(skey)
+        pend = entry.pending
+        pend.append(
+            (
+                node,
+                start,
+                _Ends(end, tuple(extra)) if extra else end,
+                (t1 - t0) * 1e-6,
+                self._step,
+                t0,
+                _get_ident(),
+            )
+        )
+        if len(pend) >= entry.check_at:
+            _BACKEND.try_harvest(entry)
+
+    @staticmethod
+    def _warn(r: Region, bit: int, message: str) -> None:
+        """Warn once per region and kind, pointing at the line that closed the region."""
+        if not r.warned & bit:
+            r.warned |= bit
+            warnings.warn(message, RuntimeWarning, stacklevel=6)
 
     def _record(
         self,
@@ -549,20 +805,57 @@ class Timer:
         )
 
     # -- reading ------------------------------------------------------------------------------
-    def summary(self, *, timeout_s: float = 60.0) -> Summary:
+    def summary(
+        self,
+        *,
+        timeout_s: float = 60.0,
+        last: int | None = None,
+        steps: Iterable[int] | None = None,
+        warmup: int = 0,
+        step_stats: bool = False,
+        trace: bool = False,
+    ) -> Summary:
         """Resolve every finished sample and return frozen records (never clears anything).
 
         Waits at most ``timeout_s`` for GPU work still running; samples not finished by then
         stay pending (``Summary.pending``) and appear in a later summary.
+
+        A window of steps (``step()`` marks them): ``last=N`` covers the last N finished steps,
+        ``steps=range(10, 20)`` (or any step numbers) those steps, ``warmup=K`` skips steps
+        before K (alone: every finished step from K on). Window statistics are rebuilt from the
+        raw samples of the last ``keep_steps`` steps; sync counts stay whole-run.
+        ``step_stats=True`` adds per-step records (``Summary.step_stats``), ``trace=True`` the
+        last ``trace_samples`` calls placed on their timelines (``Summary.trace``).
+
+        >>> import cudatimer
+        >>> t = cudatimer.Timer(name="doc")
+        >>> for i in range(4):
+        ...     with t.region("it"):
+        ...         pass
+        ...     _ = t.step()
+        >>> t.summary(warmup=1).steps, t.summary(last=2)["it"].calls
+        (3, 2)
         """
+        from . import _steps, _trace
+
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
             raise TypeError(
                 f"timeout_s must be a number of seconds, got {type(timeout_s).__name__}"
             )
         if timeout_s < 0:
             raise ValueError(f"timeout_s must be >= 0, got {timeout_s}")
+        for arg, flag in (("step_stats", step_stats), ("trace", trace)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{arg} must be a bool, got {type(flag).__name__}")
+        window_args = {"last": last, "steps": steps, "warmup": warmup}
+        _steps.select(self._step, None, self.keep_steps, **window_args)  # bad input fails early
         _BACKEND.drain(float(timeout_s))
         with _LOCK:
+            window = _steps.select(
+                self._step, _steps.oldest_kept(self), self.keep_steps, **window_args
+            )
+            per_step = _steps.step_stats(self, window) if step_stats else ()
+            samples = _trace.resolve(self, window) if trace else ()
             regions: list[RegionStats] = []
             todo = list(reversed(self._root.children.values()))
             while todo:
@@ -581,6 +874,8 @@ class Timer:
                         )
                     )
                 todo.extend(reversed(node.children.values()))
+            if window is not None:
+                regions = list(_steps.window_regions(self, window))
             pending = sum(
                 1
                 for e in _BACKEND.entries.values()
@@ -593,29 +888,58 @@ class Timer:
                     self._sync_sites.items(), key=lambda item: (-item[1], item[0])
                 )
             )
-        meta = (("timer", self.name), ("torch", torch.__version__))
+        meta: tuple[tuple[str, str], ...] = (
+            ("timer", self.name),
+            ("torch", str(torch.__version__)),
+        )
+        if window is not None:
+            meta += _steps.window_meta(window)
         return Summary(
             regions=tuple(regions),
             sync_sites=sites,
             pending=pending,
             open=len(self._local.stack),
-            steps=self._step,
+            steps=self._step if window is None else len(window),
             meta=meta,
+            step_stats=per_step,
+            trace=samples,
         )
 
-    def report(self, *, timeout_s: float = 60.0, **options: Any) -> str:
-        """Print the table of regions and return it as text (see ``cudatimer.render``)."""
-        from ._report import render
+    def report(
+        self,
+        *,
+        timeout_s: float = 60.0,
+        file: Any = None,
+        logger: logging.Logger | None = None,
+        level: int = logging.INFO,
+        last: int | None = None,
+        steps: Iterable[int] | None = None,
+        warmup: int = 0,
+        **options: Any,
+    ) -> str:
+        """Render this Timer's results and print them; returns the text.
 
-        text = render(self.summary(timeout_s=timeout_s), **options)
-        print(text)
+        Output goes to stdout, or to ``file`` (a text stream), or to ``logger`` (a
+        ``logging.Logger``, at ``level``). ``last``/``steps``/``warmup`` pick a window of steps
+        as in :meth:`summary`. Other options go to the renderer: ``view`` ("flat" or "tree"),
+        ``sort``, ``fmt`` (any tabulate format), ``columns``, ``match``, ``min_share``.
+        """
+        from ._report import emit, render
+
+        emit("", file=file, logger=logger, level=level, check_only=True)
+        result = self.summary(timeout_s=timeout_s, last=last, steps=steps, warmup=warmup)
+        text = render(result, **options)
+        emit(text, file=file, logger=logger, level=level)
         return text
 
-    def save(self, path: str | os.PathLike[str], *, timeout_s: float = 60.0) -> Summary:
-        """Write this Timer's summary as JSON (``cudatimer.load`` reads it back exactly)."""
+    def save(
+        self, path: str | os.PathLike[str], *, timeout_s: float = 60.0, **window: Any
+    ) -> Summary:
+        """Write this Timer's summary as JSON (``cudatimer.load`` reads it back exactly),
+        with its per-step stats and trace samples; ``window``: last/steps/warmup."""
         from ._export import save
 
-        result = self.summary(timeout_s=timeout_s)
+        result = self.summary(timeout_s=timeout_s, step_stats=True, trace=True, **window)
         save(result, path)
         return result
 
@@ -634,6 +958,94 @@ class Timer:
                     old[2].pool.append(old[4])
             self._trace = deque()
 
+    # -- data and exports (reading only: none of these clears anything) ------------------------
+    def step_series(
+        self,
+        *,
+        timeout_s: float = 60.0,
+        last: int | None = None,
+        steps: Iterable[int] | None = None,
+        warmup: int = 0,
+    ) -> tuple[StepStats, ...]:
+        """Per-step time of every region, one ``StepStats`` per (step, region, clock), ordered
+        by step then tree order, for the kept steps (the last ``keep_steps``) in the window.
+
+        >>> import cudatimer
+        >>> t = cudatimer.Timer(name="series")
+        >>> for i in range(3):
+        ...     with t.region("it"):
+        ...         pass
+        ...     _ = t.step()
+        >>> [(s.step, s.name, s.calls) for s in t.step_series(warmup=1)]
+        [(1, 'it', 1), (2, 'it', 1)]
+        """
+        return self.summary(
+            timeout_s=timeout_s, last=last, steps=steps, warmup=warmup, step_stats=True
+        ).step_stats
+
+    def export_trace(
+        self, path: str | os.PathLike[str] | Any, *, timeout_s: float = 60.0, **window: Any
+    ) -> None:
+        """Write the last ``trace_samples`` calls as a Chrome/Perfetto trace (JSON): GPU spans on
+        a track per device and stream, host spans on a track per thread. Open it in
+        https://ui.perfetto.dev or chrome://tracing. ``window``: last/steps/warmup."""
+        from ._trace import write_chrome
+
+        write_chrome(self.summary(timeout_s=timeout_s, trace=True, **window), path)
+
+    def to_csv(
+        self,
+        path: str | os.PathLike[str] | Any,
+        *,
+        what: str = "regions",
+        timeout_s: float = 60.0,
+        **window: Any,
+    ) -> None:
+        """Write regions (``what="regions"``), per-step stats ("steps") or trace samples
+        ("trace") as CSV to a path or a text stream. ``window``: last/steps/warmup."""
+        from ._export import to_csv
+
+        result = self.summary(
+            timeout_s=timeout_s, step_stats=what == "steps", trace=what == "trace", **window
+        )
+        to_csv(result, path, what=what)
+
+    def to_dataframe(self, *, what: str = "regions", timeout_s: float = 60.0, **window: Any) -> Any:
+        """A pandas DataFrame of regions, per-step stats ("steps") or trace samples ("trace")
+        (pandas is optional; ImportError names it if missing). ``window``: last/steps/warmup."""
+        from ._export import to_dataframe
+
+        result = self.summary(
+            timeout_s=timeout_s, step_stats=what == "steps", trace=what == "trace", **window
+        )
+        return to_dataframe(result, what=what)
+
+    def plot(
+        self,
+        path: str | os.PathLike[str] | Any,
+        *,
+        top: int = 12,
+        timeout_s: float = 60.0,
+        **window: Any,
+    ) -> None:
+        """Write a PNG of where time goes (top regions, GPU vs CPU; time per step when steps
+        were marked). Needs matplotlib. ``window``: last/steps/warmup."""
+        from ._plot import plot
+
+        plot(self.summary(timeout_s=timeout_s, step_stats=True, **window), path, top=top)
+
 
 #: Every live Timer (sync detection and the report at exit look them up).
 _TIMERS: weakref.WeakSet[Timer] = weakref.WeakSet()
+
+
+def _skip_dynamo() -> None:
+    """Dynamo must never compile the recorder's own frames (see ``_wrap.skip_dynamo_frames``)."""
+    import sys
+
+    from . import _hist, _nvtx, _wrap
+
+    _wrap.skip_dynamo_frames(sys.modules[__name__], _cuda, _hist, _nvtx, _wrap)
+
+
+_skip_dynamo()

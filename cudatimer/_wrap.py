@@ -1,11 +1,22 @@
-"""Decorating callables with a Region: functions, methods, class/static methods, modules,
-coroutine functions and generator functions. Decided at decoration time, never per call."""
+"""Decorating callables with a Region: functions, methods, class/static methods, modules and
+module classes, coroutine functions, generator functions, ``@contextmanager`` functions and
+context manager classes. Decided at decoration time, never per call.
+
+torch.compile: Dynamo never compiles a frame of this package (``skip_dynamo_frames``), so a
+decorated function compiled as a whole (``torch.compile(timed_fn)``) runs its wrapper eagerly
+and Dynamo compiles the function it wraps as its own frame: the region times the compiled call,
+with ``fullgraph=True`` too. Inlined into code Dynamo traces, the wrapper's region does nothing
+(``Timer._enter`` tests ``torch.compiler.is_compiling()``, which Dynamo folds to True).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Generator
+import types
+import warnings
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ._config import DISABLED_AT_IMPORT
@@ -14,19 +25,37 @@ if TYPE_CHECKING:
     from ._timer import Region, Timer
 
 
+def _cm_helper_code(factory: Any) -> Any:
+    def gen() -> Iterator[None]:
+        yield
+
+    return getattr(factory(gen), "__code__", None)
+
+
+# Every function made by @contextlib.contextmanager shares one code object ("helper").
+_CONTEXTMANAGER_CODE = _cm_helper_code(contextlib.contextmanager)
+_ASYNC_CONTEXTMANAGER_CODE = _cm_helper_code(contextlib.asynccontextmanager)
+
+
 def wrap(fn: Any, region: Region) -> Any:
     """Return ``fn`` timed by ``region`` (same signature, ``functools.wraps`` metadata)."""
     if isinstance(fn, (classmethod, staticmethod)):
         return type(fn)(wrap(fn.__func__, region))
     if _is_module(fn):
-        fn.forward = wrap(fn.forward, region)
+        bind_forward(fn, region)
         return fn
+    if isinstance(fn, type):
+        return _wrap_class(fn, region)
     if not callable(fn):
         raise TypeError(f"cannot time {fn!r}: expected a function, method or nn.Module")
     timer = region.timer
-    enter, leave = timer._enter, timer._exit
+    # every=N regions have their own enter hook (decided here, so plain regions pay nothing).
+    enter = timer._enter_sampled if region.counter is not None else timer._enter
+    leave = timer._exit
 
-    if inspect.isasyncgenfunction(fn):
+    if inspect.isasyncgenfunction(fn) or (
+        getattr(fn, "__code__", None) is _ASYNC_CONTEXTMANAGER_CODE
+    ):
         raise TypeError(
             f"cannot time async generator {fn.__qualname__!r}: its steps interleave with other "
             "tasks; wrap the work inside it in `with cuda_region(...)` instead"
@@ -79,6 +108,15 @@ def wrap(fn: Any, region: Region) -> Any:
 
         return timed_generator
 
+    if getattr(fn, "__code__", None) is _CONTEXTMANAGER_CODE:
+        # A @contextmanager function: the region spans the whole `with` block (setup, body and
+        # teardown), not the call that builds the context manager.
+        @functools.wraps(fn)
+        def timed_context(*args: Any, **kwargs: Any) -> _TimedContext:
+            return _TimedContext(fn(*args, **kwargs), region, enter, leave)
+
+        return timed_context
+
     @functools.wraps(fn)
     def timed_function(*args: Any, **kwargs: Any) -> Any:
         if not timer._enabled:
@@ -93,6 +131,116 @@ def wrap(fn: Any, region: Region) -> Any:
         return result
 
     return timed_function
+
+
+class _TimedContext:
+    """A context manager timed from ``__enter__`` to ``__exit__`` by a region."""
+
+    __slots__ = ("_cm", "_enter", "_leave", "_region")
+
+    def __init__(
+        self,
+        cm: Any,
+        region: Region,
+        enter: Callable[[Region], None],
+        leave: Callable[[Region, bool], None],
+    ) -> None:
+        self._cm = cm
+        self._region = region
+        self._enter = enter
+        self._leave = leave
+
+    def __enter__(self) -> Any:
+        self._enter(self._region)
+        try:
+            return self._cm.__enter__()
+        except BaseException:
+            self._leave(self._region, False)
+            raise
+
+    def __exit__(self, *exc: Any) -> Any:
+        try:
+            return self._cm.__exit__(*exc)
+        finally:
+            self._leave(self._region, exc[0] is None)
+
+
+def _wrap_class(cls: type, region: Region) -> type:
+    """An nn.Module subclass: time ``forward`` of every instance. A context manager class:
+    time each ``with`` block from ``__enter__`` to ``__exit__``. Anything else is an error
+    (replacing a class by a function would break ``isinstance`` and subclassing)."""
+    try:
+        import torch.nn
+    except ImportError:  # pragma: no cover
+        module_type: Any = ()
+    else:
+        module_type = torch.nn.Module
+    if module_type and issubclass(cls, module_type):
+        forward = cls.__dict__.get("forward") or cls.forward  # type: ignore[attr-defined]
+        cls.forward = wrap(forward, region)  # type: ignore[attr-defined]
+        return cls
+    if callable(getattr(cls, "__enter__", None)) and callable(getattr(cls, "__exit__", None)):
+        timer = region.timer
+        enter = timer._enter_sampled if region.counter is not None else timer._enter
+        leave = timer._exit
+        enter_cm, exit_cm = cls.__enter__, cls.__exit__  # type: ignore[attr-defined]
+
+        @functools.wraps(enter_cm)
+        def __enter__(self: Any) -> Any:
+            enter(region)
+            try:
+                return enter_cm(self)
+            except BaseException:
+                leave(region, False)
+                raise
+
+        @functools.wraps(exit_cm)
+        def __exit__(self: Any, *exc: Any) -> Any:
+            try:
+                return exit_cm(self, *exc)
+            finally:
+                leave(region, exc[0] is None)
+
+        cls.__enter__ = __enter__  # type: ignore[attr-defined]
+        cls.__exit__ = __exit__  # type: ignore[attr-defined]
+        return cls
+    raise TypeError(
+        f"cannot time class {cls.__qualname__!r}: decorate its methods instead (classes that "
+        "can be timed: nn.Module subclasses, whose forward is timed, and context managers, "
+        "timed from __enter__ to __exit__)"
+    )
+
+
+def bind_forward(module: Any, region: Region) -> Callable[[], None]:
+    """Time ``module.forward`` of this instance with ``region``; returns an undo function.
+
+    The class's forward is bound to the module as a method (``types.MethodType``), so
+    ``copy.deepcopy(module)`` rebinds it to the copy instead of calling the original's forward.
+    A forward already set on the instance (another tool's wrapper) is wrapped as it is.
+    """
+    own = module.__dict__.get("forward")
+    if own is not None:
+        timed = wrap(own, region)
+    else:
+        timed = types.MethodType(wrap(type(module).forward, region), module)
+    module.forward = timed
+
+    def undo() -> None:
+        if module.__dict__.get("forward") is timed:
+            if own is None:
+                del module.forward
+            else:
+                module.forward = own
+        else:
+            warnings.warn(
+                f"cudatimer: the forward of this {type(module).__name__} was replaced after it "
+                f"was timed as {region.name!r}; the timing wrapper stays inside the new forward "
+                "(removing it would undo the newer one)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    return undo
 
 
 def _is_module(obj: object) -> bool:
@@ -147,3 +295,80 @@ def _apply(timer: Timer, fn: Any, name: str | None, options: dict[str, Any]) -> 
     if DISABLED_AT_IMPORT:
         return fn
     return wrap(fn, region)
+
+
+# -- torch.compile ------------------------------------------------------------------------------
+
+
+def _skip_codes(codes: list[Any]) -> bool:
+    """Mark code objects so that Dynamo never compiles their frames (it still compiles frames
+    they call, and still inlines them into frames it traces). False where this torch has no
+    such switch: regions then behave as inside traced code (no-ops), which never crashes."""
+    try:
+        from torch._C._dynamo import eval_frame as ef
+    except ImportError:  # pragma: no cover - torch without Dynamo
+        return False
+    skip = getattr(ef, "skip_code", None)  # older torch
+    if skip is None:
+        setter = getattr(ef, "set_code_exec_strategy", None)
+        action = getattr(ef, "_FrameAction", None)
+        strategy = getattr(ef, "_FrameExecStrategy", None)
+        if setter is None or action is None or strategy is None:  # pragma: no cover
+            return False
+
+        def skip(code: Any) -> None:
+            setter(code, strategy(action.SKIP, action.DEFAULT))
+
+    for code in codes:
+        skip(code)
+    return True
+
+
+def _codes_of(module: types.ModuleType) -> list[Any]:
+    """Every code object defined in ``module``: functions, methods, nested functions."""
+    found: list[Any] = []
+    seen: set[int] = set()
+
+    def add(code: Any) -> None:
+        if id(code) in seen:
+            return
+        seen.add(id(code))
+        found.append(code)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                add(const)
+
+    def visit(obj: Any) -> None:
+        if isinstance(obj, (staticmethod, classmethod)):
+            obj = obj.__func__
+        if isinstance(obj, property):
+            for f in (obj.fget, obj.fset, obj.fdel):
+                if f is not None:
+                    visit(f)
+            return
+        code = getattr(obj, "__code__", None)
+        if isinstance(code, types.CodeType) and getattr(obj, "__module__", None) == name:
+            add(code)
+
+    name = module.__name__
+    for value in list(vars(module).values()):
+        if isinstance(value, type) and value.__module__ == name:
+            for attr in vars(value).values():
+                visit(attr)
+        else:
+            visit(value)
+    return found
+
+
+def skip_dynamo_frames(*modules: types.ModuleType) -> bool:
+    """Keep Dynamo from compiling any frame of ``modules`` (the recorder's own code).
+
+    When a frame Dynamo does not compile (a decorated function's wrapper compiled as a whole)
+    calls into the recorder, the recorder must run as plain Python: compiled, its
+    ``is_compiling()`` tests would fold to True and the region would vanish, and under
+    ``fullgraph=True`` an unsupported call in it would be an error. A few hundred C calls, once.
+    """
+    codes: list[Any] = []
+    for module in modules:
+        codes.extend(_codes_of(module))
+    return _skip_codes(codes)

@@ -1,0 +1,133 @@
+"""The ``cudatimer`` command (also ``python -m cudatimer``): read runs saved with ``save()``.
+
+    cudatimer show RUN.json [--view tree] [--sort mean] [--fmt github] [--match 'fwd*']
+    cudatimer compare BASE.json NEW.json [--stat mean|total|per_step|p50|p90|p99|min|max]
+    cudatimer trace RUN.json -o trace.json     # open in https://ui.perfetto.dev
+    cudatimer plot RUN.json -o report.png      # needs matplotlib
+    cudatimer csv RUN.json -o regions.csv [--what regions|steps|trace]
+
+Exit status: 0 on success, 1 when a file cannot be read or written (the message says which
+and why), 2 for a bad command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from ._export import WHATS, load, to_csv
+from ._records import Summary
+from ._report import COLUMNS, COMPARE_STATS, SORTS, VIEWS, render, render_compare
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cudatimer",
+        description="Read cudatimer runs saved with cudatimer.save(path).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def table_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--fmt", default="simple", help="any tabulate format (github, plain...)")
+
+    show = sub.add_parser("show", help="print the report of a saved run")
+    show.add_argument("run", help="a JSON file written by cudatimer.save()")
+    show.add_argument("--view", choices=VIEWS, default="flat")
+    show.add_argument("--sort", choices=SORTS, default="total")
+    table_options(show)
+    show.add_argument(
+        "--columns", help=f"comma-separated, from: {', '.join(COLUMNS)}", default=None
+    )
+    show.add_argument("--match", help="keep regions matching this glob (or substring)")
+    show.add_argument(
+        "--min-share", type=float, default=0.0, help="keep regions with this fraction of total"
+    )
+
+    compare = sub.add_parser("compare", help="compare two saved runs region by region")
+    compare.add_argument("base", help="the reference run (JSON)")
+    compare.add_argument("new", help="the run to compare with it (JSON)")
+    compare.add_argument("--stat", choices=COMPARE_STATS, default="mean")
+    compare.add_argument(
+        "--tolerance", type=float, default=0.02, help="changes within it read 'same' (0.02=2%%)"
+    )
+    table_options(compare)
+
+    trace = sub.add_parser("trace", help="write a Chrome/Perfetto trace of a saved run")
+    trace.add_argument("run")
+    trace.add_argument("-o", "--output", help="default: RUN.trace.json")
+
+    plot = sub.add_parser("plot", help="write a PNG of where time goes (needs matplotlib)")
+    plot.add_argument("run")
+    plot.add_argument("-o", "--output", help="default: RUN.png")
+    plot.add_argument("--top", type=int, default=12, help="how many regions to draw")
+
+    csv = sub.add_parser("csv", help="write regions, per-step stats or trace samples as CSV")
+    csv.add_argument("run")
+    csv.add_argument("-o", "--output", help="default: standard output")
+    csv.add_argument("--what", choices=WHATS, default="regions")
+    return parser
+
+
+def _stem(path: str) -> str:
+    root, ext = os.path.splitext(path)
+    return root if ext.lower() == ".json" else path
+
+
+def _run(args: argparse.Namespace) -> str:
+    """Do the command; the text to print. Raises ValueError/OSError/ImportError on failure."""
+    if args.command == "compare":
+        base, new = load(args.base), load(args.new)
+        labels = ("base", "new")
+        return render_compare(
+            base, new, stat=args.stat, fmt=args.fmt, tolerance=args.tolerance, labels=labels
+        )
+    summary: Summary = load(args.run)
+    if args.command == "show":
+        columns = None
+        if args.columns:
+            columns = [c.strip() for c in args.columns.split(",") if c.strip()]
+        return render(
+            summary,
+            view=args.view,
+            sort=args.sort,
+            fmt=args.fmt,
+            columns=columns,
+            match=args.match,
+            min_share=args.min_share,
+        )
+    if args.command == "trace":
+        from ._trace import write_chrome
+
+        out = args.output or f"{_stem(args.run)}.trace.json"
+        write_chrome(summary, out)
+        return f"wrote {out} ({len(summary.trace)} calls); open it in https://ui.perfetto.dev"
+    if args.command == "plot":
+        from ._plot import plot
+
+        out = args.output or f"{_stem(args.run)}.png"
+        plot(summary, out, top=args.top)
+        return f"wrote {out}"
+    if args.output is None:  # csv to stdout
+        to_csv(summary, sys.stdout, what=args.what)
+        return ""
+    to_csv(summary, args.output, what=args.what)
+    return f"wrote {args.output}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``cudatimer`` console script; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        text = _run(args)
+    except (OSError, ValueError, ImportError, TypeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        where = f": {exc.filename}" if isinstance(exc, OSError) and exc.filename else ""
+        print(f"cudatimer {args.command}: error: {reason}{where}", file=sys.stderr)
+        return 1
+    if text:
+        print(text)
+    return 0

@@ -1,0 +1,196 @@
+"""A fake CUDA for the recorder's CUDA paths on a machine without a GPU.
+
+It replaces the few CUDA entry points cudatimer uses (``_cuda_getCurrentStream``, the capture
+check, Stream and Event construction) with deterministic stand-ins: each stream has a virtual
+"busy until" time in ms, ``run(ms)`` queues work on a stream, an event recorded on a stream takes
+that stream's busy-until time, and events complete when the test says so (all, by default).
+Timing semantics follow ../FACTS: elapsed_time raises ValueError on an unrecorded event and
+RuntimeError on an unfinished one or on events of two devices; query never blocks.
+
+The real behaviour is checked on the GPU (tests/gpu/); this checks the recorder's logic.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+
+from cudatimer import _cuda, _timer
+
+
+class FakeEvent:
+    """A timing event: records a stream's busy-until time; complete once the GPU passed it."""
+
+    def __init__(self, gpu: FakeGPU, device: int) -> None:
+        self.gpu = gpu
+        self.device = device
+        self.t_ms: float | None = None
+        self.stream: tuple[int, int, int] | None = None
+
+    def record(self, stream: Any) -> None:
+        key = (int(stream.stream_id), int(stream.device_index), 1)
+        if key[1] != self.device:
+            raise RuntimeError(
+                f"Event device {self.device} does not match recording stream's device {key[1]}"
+            )
+        if self.gpu.capturing.get(key):
+            self.gpu.poisoned.add(id(self))  # ../FACTS: a timing event recorded in capture
+        self.gpu.records += 1
+        self.stream = key
+        self.t_ms = self.gpu.busy.get(key, 0.0)
+
+    def query(self) -> bool:
+        if self.gpu.any_capturing():
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return self.t_ms is None or self.t_ms <= self.gpu.done_ms.get(self.stream, math.inf)
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        if self.t_ms is None or end.t_ms is None:
+            raise ValueError("Both events must be recorded before calculating elapsed time.")
+        if id(self) in self.gpu.poisoned or id(end) in self.gpu.poisoned:
+            raise RuntimeError("CUDA error: invalid argument")
+        if self.device != end.device:
+            raise RuntimeError("Both events must be on the same device")
+        if not (self.query() and end.query()):
+            raise RuntimeError("Both events must be completed before calculating elapsed time.")
+        return end.t_ms - self.t_ms
+
+
+class FakeGPU:
+    """Streams, devices and a virtual GPU clock; install() swaps them into cudatimer."""
+
+    def __init__(self, devices: int = 2) -> None:
+        self.devices = devices
+        self.local = threading.local()
+        self.busy: dict[tuple[int, int, int], float] = {}
+        self.done_ms: dict[tuple[int, int, int] | None, float] = {}
+        self.capturing: dict[tuple[int, int, int], bool] = {}
+        self.poisoned: set[int] = set()
+        self.records = 0
+        self._next_id = 100
+
+    # -- what a test drives ------------------------------------------------------------------
+    def new_stream(self, device: int = 0) -> torch.Stream:
+        self._next_id += 1
+        return torch.Stream(stream_id=self._next_id, device_index=device, device_type=1)
+
+    def default_stream(self, device: int = 0) -> torch.Stream:
+        return torch.Stream(stream_id=0, device_index=device, device_type=1)
+
+    def run(self, ms: float, stream: torch.Stream | None = None) -> None:
+        """Queue ``ms`` of work on ``stream`` (the current stream by default)."""
+        key = self.current_key() if stream is None else self.key(stream)
+        self.busy[key] = self.busy.get(key, 0.0) + ms
+
+    def hold(self, stream: torch.Stream | None = None) -> None:
+        """Events recorded on ``stream`` from now on stay unfinished until release()."""
+        key = self.current_key() if stream is None else self.key(stream)
+        self.done_ms[key] = self.busy.get(key, 0.0) - 1e-9
+
+    def release(self) -> None:
+        self.done_ms.clear()
+
+    @contextmanager
+    def use(self, stream: torch.Stream) -> Iterator[None]:
+        """Like ``torch.cuda.stream(s)``: current stream of s's device, on this thread."""
+        streams = self._streams()
+        key = self.key(stream)
+        prev = streams.get(key[1])
+        streams[key[1]] = key
+        try:
+            yield
+        finally:
+            if prev is None:
+                del streams[key[1]]
+            else:
+                streams[key[1]] = prev
+
+    def set_stream(self, stream: torch.Stream) -> None:
+        """Like ``torch.cuda.set_stream(s)``: not restored."""
+        key = self.key(stream)
+        self._streams()[key[1]] = key
+
+    def set_device(self, device: int) -> None:
+        self.local.device = device
+
+    @contextmanager
+    def capture(self, stream: torch.Stream) -> Iterator[None]:
+        """Like ``torch.cuda.graph``: ``stream`` is current and capturing inside."""
+        key = self.key(stream)
+        with self.use(stream):
+            self.capturing[key] = True
+            try:
+                yield
+            finally:
+                self.capturing[key] = False
+
+    # -- what cudatimer calls ----------------------------------------------------------------
+    @staticmethod
+    def key(stream: Any) -> tuple[int, int, int]:
+        return (int(stream.stream_id), int(stream.device_index), 1)
+
+    def _streams(self) -> dict[int, tuple[int, int, int]]:
+        streams = getattr(self.local, "streams", None)
+        if streams is None:
+            streams = self.local.streams = {}
+        return streams
+
+    def current_device(self) -> int:
+        return int(getattr(self.local, "device", 0))
+
+    def current_key(self) -> tuple[int, int, int]:
+        return self.get_stream(-1)
+
+    def get_stream(self, device: int) -> tuple[int, int, int]:
+        if device == -1:
+            device = self.current_device()
+        if not 0 <= device < self.devices:
+            raise RuntimeError(f"invalid device ordinal {device}")
+        return self._streams().get(device, (0, device, 1))
+
+    def is_capturing(self) -> bool:
+        return bool(self.capturing.get(self.current_key()))
+
+    def any_capturing(self) -> bool:
+        return any(self.capturing.values())
+
+    def make_stream(self, stream_id: int, device_index: int, device_type: int) -> torch.Stream:
+        return torch.Stream(stream_id=stream_id, device_index=device_index, device_type=1)
+
+
+class _FakeCudaModule:
+    def __init__(self, gpu: FakeGPU) -> None:
+        self.Stream = gpu.make_stream
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+
+def install(monkeypatch: pytest.MonkeyPatch) -> FakeGPU:
+    """Give cudatimer a fake two-device CUDA until the test ends: regions get fake events.
+
+    Use it from a fixture: ``def gpu(monkeypatch): return install(monkeypatch)``.
+    """
+    gpu = FakeGPU()
+    backend = _cuda.BACKEND
+    monkeypatch.setattr(_cuda, "_get_stream", gpu.get_stream)
+    monkeypatch.setattr(_timer, "_get_stream", gpu.get_stream)
+    monkeypatch.setattr(_cuda, "_get_device", gpu.current_device)
+    monkeypatch.setattr(_cuda, "_is_capturing", gpu.is_capturing)
+    monkeypatch.setattr(_cuda, "_cuda_mod", _FakeCudaModule(gpu))
+    monkeypatch.setattr(
+        _cuda, "_event_factory", lambda device, stream: lambda: FakeEvent(gpu, device)
+    )
+    monkeypatch.setattr(backend, "state", _cuda.USABLE)
+    monkeypatch.setattr(backend, "entries", {})
+    monkeypatch.setattr(backend, "forked", False)
+    monkeypatch.setattr(backend, "_fork_warned", False)
+    monkeypatch.setattr(_cuda, "_pools", {})
+    return gpu
