@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
-from _measure import WorkloadRun
+from _measure import SeparateProcess, WorkloadRun
 from _report import workload_stats
 
 
-def plot(runs: list[WorkloadRun], path: Path) -> str | None:
+def plot(
+    runs: list[WorkloadRun], path: Path, separate: list[SeparateProcess] | tuple[()] = ()
+) -> str | None:
     """Write a PNG of the added time per region (median, IQR whiskers) per timer and workload.
-    Returns None when written, else why not (matplotlib missing, nothing measured)."""
+    A timer measured in its own process (Proton) gets its bar from that process, against that
+    process's baseline, labelled so. Returns None when written, else why not."""
     try:
         import matplotlib
 
@@ -21,7 +25,12 @@ def plot(runs: list[WorkloadRun], path: Path) -> str | None:
         return f"matplotlib is not installed ({exc})"
     panels = []
     for run in runs:
-        stats = workload_stats(run)
+        stats: dict[str, dict[str, Any]] = dict(workload_stats(run))
+        for sp in separate:
+            child = sp.runs.get(run.name)
+            if child is not None:
+                stats.pop(sp.key, None)
+                stats[f"{sp.key} (own process)"] = workload_stats(child)[sp.key]
         bars = [
             (key, s)
             for key, s in stats.items()

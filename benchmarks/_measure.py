@@ -129,6 +129,24 @@ class WorkloadRun:
     process: str = "main"
 
 
+@dataclass
+class SeparateProcess:
+    """What a timer's own child process measured (Proton: CUPTI takes one subscriber per
+    process, so it cannot run where torch.profiler runs). ``runs`` hold that process's own
+    none/floor/cudatimer blocks next to the timer's: its rows read against them."""
+
+    key: str
+    why: str
+    runs: dict[str, WorkloadRun] = field(default_factory=dict)  # by workload name
+    checks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None  # why it measured nothing (or stopped early)
+    check_error: str | None = None  # the exact error of its quick check, if that failed
+    rc: int | None = None
+    seconds: float = 0.0
+    path: str = ""  # its JSON file, next to results.json
+
+
 def run_from_dict(d: dict[str, Any]) -> WorkloadRun:
     """A WorkloadRun back from ``dataclasses.asdict`` output (a child process's JSON)."""
     known = {f for f in WorkloadRun.__dataclass_fields__}
@@ -431,6 +449,81 @@ def report_time(adapter: TimerAdapter, device: str, samples: int) -> dict[str, A
         "seconds": seconds,
         "has_report": text is not None,
         "report_chars": len(text) if text is not None else 0,
+    }
+
+
+# -- the cost of resolving, amortized ------------------------------------------------------------
+
+
+def _loop_then_resolve(wl: Workload, adapter: TimerAdapter, iters: int) -> tuple[float, float]:
+    """``iters`` steps (GPU work included), then the timer's resolution (a report would do it);
+    seconds of each. Freeing what it kept happens after, outside both clocks."""
+    undo = install(wl, adapter)
+    try:
+        gc.collect()
+        adapter.start_round()
+        try:
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                wl.step()
+            sync()
+            t1 = time.perf_counter()
+            adapter.resolve()
+            t2 = time.perf_counter()
+        finally:
+            adapter.end_round()
+    finally:
+        if undo is not None:
+            undo()
+    adapter.drain()
+    return t1 - t0, t2 - t1
+
+
+def resolution_cost(
+    wl: Workload, adapters: dict[str, TimerAdapter], regions: int, reps: int, log: Log
+) -> dict[str, Any]:
+    """Run about ``regions`` regions of ``wl`` (whole steps), synchronize, then resolve once,
+    for each adapter, ``reps`` times in rotated order after one warm-up rep (dropped).
+
+    cudatimer defers resolution: finished samples are resolved without blocking when a stream's
+    backlog reaches a threshold (in the loop) or when a report is asked (in ``summary()``). The
+    in-loop figure of the main table may leave the second part out; (loop + resolution -
+    unwrapped loop of the same rep) / regions counts both. The floor never resolves anything.
+    Raw seconds per rep; ``_report`` turns them into microseconds per region."""
+    per_iter = max(1, wl.regions_per_iter)
+    iters = max(1, math.ceil(regions / per_iter))
+    keys = list(adapters)
+    rows: list[dict[str, dict[str, float]]] = []  # per rep: key -> loop_s, resolve_s
+    errors: dict[str, str] = {}
+    for rep in range(reps + 1):
+        k = rep % max(1, len(keys))
+        row: dict[str, dict[str, float]] = {}
+        for key in keys[k:] + keys[:k]:
+            if key in errors:
+                continue
+            try:
+                loop_s, resolve_s = _loop_then_resolve(wl, adapters[key], iters)
+            except Exception as exc:
+                errors[key] = error_text(exc)
+                log(f"  resolution {key}: error: {errors[key]}")
+                continue
+            row[key] = {"loop_s": loop_s, "resolve_s": resolve_s}
+        if rep:  # rep 0 warmed pools and lazy state
+            rows.append(row)
+            cells = (
+                f"{key}={v['loop_s'] * 1e3:.1f}+{v['resolve_s'] * 1e3:.2f}ms"
+                for key, v in row.items()
+            )
+            log(f"  resolution rep {rep}/{reps} (loop+resolve): {' '.join(cells)}")
+    return {
+        "workload": wl.name,
+        "regions_per_iter": per_iter,
+        "iters": iters,
+        "regions": iters * per_iter,
+        "keys": keys,
+        "reps": rows,
+        "errors": errors,
     }
 
 

@@ -432,7 +432,8 @@ class TorchtntTimer(TimerAdapter):
 
 # -- Triton's Proton ------------------------------------------------------------------------------
 
-def proton_check() -> str | None:
+
+def proton_check(device: str = "cuda") -> str | None:
     """A quick check, in this process, that a Proton session works here: two sessions (the
     benchmark starts one per block), a scope around a kernel, finalize. None when it works,
     else the exact error. Run it only where torch.profiler never runs: CUPTI takes one
@@ -443,13 +444,14 @@ def proton_check() -> str | None:
     except Exception as exc:
         return f"triton.profiler does not import: {type(exc).__name__}: {exc}"
     try:
-        x = torch.ones(1, device="cuda")
+        x = torch.ones(1, device=device)
         with tempfile.TemporaryDirectory(prefix="proton-check-") as d:
             for i in range(2):
                 session = proton.start(os.path.join(d, f"check{i}"))
                 with proton.scope("check"):
                     x.add_(1)
-                torch.cuda.synchronize()
+                if device == "cuda":
+                    torch.cuda.synchronize()
                 proton.finalize(session)
             files = list(Path(d).glob("*.hatchet"))
         if not files:
@@ -592,8 +594,8 @@ TIMERS: tuple[TimerSpec, ...] = (
         needs_cuda=True,
         profiler_based=True,
         own_process=(
-            "CUPTI takes one subscriber per process (next to torch.profiler Proton's start "
-            "raised 'cuptiSubscribe ... error 39')"
+            "CUPTI takes one subscriber per process; next to torch.profiler, Proton's start "
+            "raised 'Failed to execute cuptiSubscribe with error 39'"
         ),
     ),
 )

@@ -297,15 +297,33 @@ class Backend:
             LOCK.release()
         bad_fork = getattr(torch.cuda, "_is_in_bad_fork", lambda: False)
         if self.state == USABLE or bad_fork():
-            # The child cannot touch the parent's CUDA context; keep the old objects alive
-            # (destroying their CUDA events here would call into a dead context).
+            # The child cannot touch the parent's CUDA context: every CUDA object the recorder
+            # holds moves to a graveyard that is never freed (an event's destructor would call
+            # into the dead context and print a CUDA warning per event at the child's exit).
             self._graveyard.append((self.entries, dict(_pools)))
             self.entries = {}
             _pools.clear()
             self.state = UNUSABLE
             self.forked = True
             self._fork_warned = False
+            self._bury_timer_events()
+            import ctypes
 
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._graveyard))
+
+    def _bury_timer_events(self) -> None:
+        """In a forked child: regions open on this thread at the fork close on the host clock
+        (their start event belongs to the parent), and trace windows let go of their events."""
+        from ._timer import _TIMERS
+
+        for timer in list(_TIMERS):
+            self._graveyard.append(timer._trace)
+            timer._trace = type(timer._trace)()
+            stack = timer._local.stack
+            for i, frame in enumerate(stack):
+                if isinstance(frame[2], StreamEntry):
+                    self._graveyard.append(frame[3])
+                    stack[i] = (frame[0], frame[1], None, None, frame[4])
 
     def at_exit(self) -> None:
         """Interpreter exit: drop pending samples without waiting for the GPU, and time any

@@ -47,6 +47,12 @@ TRACE_COLUMNS = tuple(f.name for f in dataclasses.fields(TraceSample))
 WHATS = ("regions", "steps", "trace")
 
 
+def _check_path(path: object) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a file path (str or os.PathLike), got {type(path).__name__}")
+    return os.fspath(path)  # type: ignore[arg-type]
+
+
 def summary_to_dict(summary: Summary) -> dict[str, Any]:
     """Plain data for JSON: every field, histograms included (so saved runs merge exactly)."""
     return {
@@ -186,7 +192,7 @@ def save(summary: Summary, path: str | os.PathLike[str]) -> None:
     """Write ``summary`` as JSON to ``path`` (atomically: a crash never leaves half a file)."""
     if not isinstance(summary, Summary):
         raise TypeError(f"summary must be a cudatimer.Summary, got {type(summary).__name__}")
-    path = os.fspath(path)
+    path = _check_path(path)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -213,7 +219,7 @@ def dumps(summary: Summary) -> str:
 
 def load(path: str | os.PathLike[str]) -> Summary:
     """Read a summary written by ``save``; ValueError names the file if it is not one."""
-    path = os.fspath(path)
+    path = _check_path(path)
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)

@@ -8,11 +8,15 @@ against +0.3 us for the wrapper), and a forward hook is skipped when forward rai
 ``BaseException`` such as KeyboardInterrupt, which would leave the region open on the thread's
 stack for good. The wrapper closes its region on every exception.
 
-Backward (``backward=True``): full backward pre-hook and hook, as detached regions (the
-backward runs on autograd's threads, where no region of the forward is open), named
-``<module path>.backward``. Approximate: a module's backward hooks fire when the gradients of its
-outputs and then of its inputs are ready, which brackets its backward kernels only when its
-backward runs as one block; the GPU time is that of the stream autograd runs it on.
+Backward (``backward=True``): each forward call hooks its output tensors (the first gradient
+to arrive opens the region) and its input tensors (the first input gradient closes it), as a
+detached region (the backward runs on autograd's threads, where no region of the forward is
+open), named ``<module path>.backward``. Approximate: this brackets the module's backward
+kernels when its backward runs as one block; a module whose inputs need no gradient (the first
+layer) has no backward region; an in-place module's region is empty (its input is its output).
+Tensor hooks, not ``register_full_backward_hook``: full backward hooks wrap the module's outputs
+in an autograd Function, and an in-place op on them afterwards (``nn.ReLU(inplace=True)`` after
+a Linear) then raises in the forward.
 """
 
 from __future__ import annotations
@@ -25,16 +29,15 @@ from typing import Any
 
 import torch
 
-from ._timer import _SKIP, Region, Timer
+from ._timer import Region, Timer, _is_compiling
 from ._wrap import bind_forward, skip_dynamo_frames
 
 __all__ = ["Instrumented", "instrument"]
 
 # Module -> its live handle: instrumenting a module twice would nest every region in itself.
 _LIVE: weakref.WeakKeyDictionary[torch.nn.Module, Instrumented] = weakref.WeakKeyDictionary()
-# Open backward tokens kept per module; more than this means hooks that never closed (a
-# backward that stopped half-way): the oldest are dropped.
-_MAX_OPEN_BACKWARD = 1024
+# Tensors looked at in a module's inputs and outputs (nested tuples, lists, dicts).
+_MAX_TENSORS = 64
 
 Pattern = str | type
 
@@ -147,8 +150,7 @@ def instrument(
     ``fnmatch``, where ``*`` also matches dots; the model's own path is ``""``), nn.Module
     subclasses, or lists of those; ``exclude`` skips a module, not its children (``"h.0*"``
     skips a subtree). ``backward=True`` adds approximate regions around each module's backward
-    (hooks, on autograd's thread), named ``<path>.backward``; modules with ``inplace=True`` are
-    left out of them (full backward hooks reject in-place outputs). ``timer``: default Timer if
+    (tensor hooks, on autograd's thread), named ``<path>.backward``. ``timer``: default Timer if
     None.
 
     >>> import torch, cudatimer
@@ -223,12 +225,13 @@ def instrument(
     try:
         for path, name, module in chosen:
             region = timer.region(name)
-            handle._undo.append(bind_forward(module, region))
-            handle.regions[path] = name
-            if backward and not getattr(module, "inplace", False):
+            inner = None
+            if backward:
                 label = f"{path or root_name}.backward"
-                _hook_backward(handle, module, timer.region(label))
+                inner = _backward_hooks(timer.region(label))
                 handle.backward_regions[path] = label
+            handle._undo.append(bind_forward(module, region, inner))
+            handle.regions[path] = name
     except BaseException:
         handle.remove()
         raise
@@ -236,41 +239,59 @@ def instrument(
     return handle
 
 
-def _hook_backward(handle: Instrumented, module: torch.nn.Module, region: Region) -> None:
-    timer = region.timer
-    tokens: list[Any] = []  # open backward regions of this module, innermost last
-
-    def before(mod: torch.nn.Module, grad_output: Any) -> None:
-        if len(tokens) >= _MAX_OPEN_BACKWARD:
-            _drop(tokens.pop(0))
-        tokens.append(timer._begin(region))
-
-    def after(mod: torch.nn.Module, grad_input: Any, grad_output: Any) -> None:
-        if tokens:
-            timer._end(region, tokens.pop())
-
-    pre = module.register_full_backward_pre_hook(before)
-    post = module.register_full_backward_hook(after)
-
-    def undo() -> None:
-        pre.remove()
-        post.remove()
-        while tokens:
-            _drop(tokens.pop())
-
-    handle._undo.append(undo)
-
-
-def _drop(token: Any) -> None:
-    """Forget a backward region that never closed: its start event back to the pool, its NVTX
-    range ended."""
-    if token is None:
+def _tensors(obj: Any, found: list[torch.Tensor], depth: int = 0) -> None:
+    """Tensors that need a gradient in a module's inputs or outputs (a few levels deep)."""
+    if len(found) >= _MAX_TENSORS:
         return
-    r, _node, entry, start, _t0, range_id = token
-    if entry is not None and start is not None and start is not _SKIP:
-        entry.pool.append(start)
-    if range_id is not None:
-        r.domain.end(range_id)
+    if isinstance(obj, torch.Tensor):
+        if obj.requires_grad and all(obj is not t for t in found):
+            found.append(obj)
+    elif depth < 3:
+        if isinstance(obj, (tuple, list)):
+            for item in obj:
+                _tensors(item, found, depth + 1)
+        elif isinstance(obj, dict):
+            for item in obj.values():
+                _tensors(item, found, depth + 1)
+
+
+def _backward_hooks(region: Region) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Wrap a forward so that each call hooks its outputs and inputs for ``region``."""
+    timer = region.timer
+
+    def inner(forward: Callable[..., Any]) -> Callable[..., Any]:
+        def forward_hooking_backward(*args: Any, **kwargs: Any) -> Any:
+            out = forward(*args, **kwargs)
+            if not torch.is_grad_enabled() or _is_compiling():
+                return out
+            outputs: list[torch.Tensor] = []
+            _tensors(out, outputs)
+            if not outputs:
+                return out
+            inputs: list[torch.Tensor] = []
+            _tensors((args, kwargs), inputs)
+            if not inputs:
+                return out
+            token: list[Any] = []  # the open region of this call, once its backward began
+
+            def begin(grad: Any) -> None:
+                if not token:
+                    token.append(timer._begin(region))
+
+            def end(grad: Any) -> None:
+                if token and token[0] is not False:
+                    timer._end(region, token[0])
+                    token[0] = False  # closed: later input gradients change nothing
+
+            for t in outputs:
+                t.register_hook(begin)  # type: ignore[no-untyped-call]
+            for t in inputs:
+                t.register_hook(end)  # type: ignore[no-untyped-call]
+            return out
+
+        return forward_hooking_backward
+
+    return inner
 
 
 skip_dynamo_frames(sys.modules[__name__])

@@ -48,8 +48,10 @@ def plot(
     """
     if not isinstance(summary, Summary):
         raise TypeError(f"summary must be a cudatimer.Summary, got {type(summary).__name__}")
-    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
-        raise ValueError(f"top must be an int >= 1, got {top!r}")
+    if isinstance(top, bool) or not isinstance(top, int):
+        raise TypeError(f"top must be an int, got {type(top).__name__}")
+    if top < 1:
+        raise ValueError(f"top must be >= 1, got {top}")
     if not hasattr(path, "write") and not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a file path or a binary stream, got {type(path).__name__}")
     if not summary.regions:
@@ -105,5 +107,7 @@ def _plot_steps(ax: Any, summary: Summary, regions: list[RegionStats], steps: li
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
-    ax.set_ylabel("ms per step (GPU where timed on it)")
-    ax.legend(loc="upper right", fontsize="small")
+    clocks = {r.clock == "host" for r in regions}
+    kind = {frozenset({True}): "host", frozenset({False}): "GPU"}.get(frozenset(clocks))
+    ax.set_ylabel(f"{kind} ms per step" if kind else "ms per step (GPU, else host)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")

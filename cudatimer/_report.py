@@ -233,7 +233,10 @@ def _columns(
     if columns is None:
         chosen = list(_TREE if view == "tree" else _FLAT)
         if not any(row.r.gpu_total_ms is not None for row in rows):
-            chosen = [c for c in chosen if not c.startswith("gpu_")]  # nothing ran on a GPU
+            # Nothing ran on a GPU: the host distribution takes the GPU columns' place.
+            chosen = [c for c in chosen if not c.startswith("gpu_")]
+            if view == "flat":
+                chosen += ["cpu_p50", "cpu_p90", "cpu_p99", "cpu_max"]
         if any(host_bound(row.r) for row in rows):
             chosen.append("bound")
         if any(r.syncs for r in summary.regions):
@@ -273,8 +276,9 @@ def render(
     self time = inclusive time minus that of the children on the same clock, % of parent and
     % of the clock's total). ``sort``: total, mean, calls, name or order (first seen); the
     tree sorts siblings. ``fmt``: any tabulate format ("github" for Markdown, "plain", ...).
-    ``columns``: keys of ``COLUMNS`` (default: a set per view; GPU columns are dropped when
-    nothing ran on a GPU, ``bound`` and ``syncs`` are added when some row has them).
+    ``columns``: keys of ``COLUMNS`` (default: a set per view; when nothing ran on a GPU the
+    GPU columns give way to host percentiles; ``bound`` and ``syncs`` are added when some row
+    has them).
     ``match``: keep regions whose path (or leaf name) matches this glob; text without
     wildcards matches paths containing it. ``min_share``: keep regions with at least this
     fraction (0-1) of their clock's total time. The tree keeps the ancestors of kept rows.
@@ -294,8 +298,10 @@ def render(
         raise TypeError(f"min_share must be a fraction (float), got {type(min_share).__name__}")
     if not 0.0 <= min_share <= 1.0:
         raise ValueError(f"min_share must be between 0 and 1 (a fraction), got {min_share!r}")
-    if isinstance(top_syncs, bool) or not isinstance(top_syncs, int) or top_syncs < 0:
-        raise ValueError(f"top_syncs must be an int >= 0, got {top_syncs!r}")
+    if isinstance(top_syncs, bool) or not isinstance(top_syncs, int):
+        raise TypeError(f"top_syncs must be an int, got {type(top_syncs).__name__}")
+    if top_syncs < 0:
+        raise ValueError(f"top_syncs must be >= 0, got {top_syncs}")
 
     rows = _analyse(summary.regions)
     keep = [
@@ -372,7 +378,12 @@ def _notes(
 ) -> list[str]:
     notes = []
     meta = dict(summary.meta)
-    if "window" in meta:
+    if meta.get("window") == "no steps":
+        notes.append(
+            "no finished step in this window: mark steps with cudatimer.step() after each "
+            "iteration (a window counts finished steps only, unless steps= names them)"
+        )
+    elif "window" in meta:
         window = f"statistics cover {meta['window']} ({summary.steps} step(s))"
         if any(r.syncs for r in summary.regions):
             window += "; sync counts cover the whole run"
@@ -396,6 +407,12 @@ def _notes(
     skipped = sum(r.skipped for r in summary.regions)
     if skipped:
         notes.append(f"{skipped} call(s) had no GPU timing (entered during CUDA graph capture)")
+    sampled = [r.name for r in summary.regions if r.calls > r.cpu.count]
+    if sampled:  # every=N: calls counts all of them, the histograms only the timed ones
+        notes.append(
+            f"{', '.join(dict.fromkeys(sampled))}: sampled (every=N); times cover the timed "
+            "calls only (estimate a total as mean x calls)"
+        )
     if summary.pending:
         notes.append(
             f"{summary.pending} sample(s) were still running on the GPU when the report timed "
@@ -449,7 +466,9 @@ def render_compare(
     if stat not in COMPARE_STATS:
         raise ValueError(f"stat must be one of {', '.join(COMPARE_STATS)}; got {stat!r}")
     fmt = _check_fmt(fmt)
-    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or tolerance < 0:
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)):
+        raise TypeError(f"tolerance must be a fraction (float), got {type(tolerance).__name__}")
+    if tolerance < 0:
         raise ValueError(f"tolerance must be a fraction >= 0, got {tolerance!r}")
     if stat == "per_step" and not (base.steps and new.steps):
         raise ValueError("stat='per_step' needs both runs to have marked steps (step())")

@@ -137,7 +137,7 @@ def _check_streams(streams: object) -> tuple[tuple[tuple[int, int, int], Any], .
     """Validate ``streams=`` (done once, at region creation) into ((stream key, Stream), ...)."""
     if streams is None:
         return ()
-    stream_type = getattr(torch, "Stream", None) or torch.cuda.Stream
+    stream_type = tuple(t for t in (getattr(torch, "Stream", None), torch.cuda.Stream) if t)
     if isinstance(streams, stream_type):
         raise TypeError("streams must be a list or tuple of streams; wrap one in a list: [s]")
     if isinstance(streams, (str, bytes)):

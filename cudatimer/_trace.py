@@ -213,6 +213,8 @@ def to_chrome(summary: Summary) -> dict[str, Any]:
 
 def write_chrome(summary: Summary, path: str | os.PathLike[str] | IO[str]) -> None:
     """Write ``to_chrome(summary)`` to a path (atomically) or a text stream."""
+    if not hasattr(path, "write") and not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a file path or a text stream, got {type(path).__name__}")
     if isinstance(summary, Summary) and not summary.trace:
         raise ValueError(
             "nothing to trace: this summary holds no trace samples (take it with "

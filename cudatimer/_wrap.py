@@ -211,18 +211,25 @@ def _wrap_class(cls: type, region: Region) -> type:
     )
 
 
-def bind_forward(module: Any, region: Region) -> Callable[[], None]:
+def bind_forward(
+    module: Any,
+    region: Region,
+    inner: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
+) -> Callable[[], None]:
     """Time ``module.forward`` of this instance with ``region``; returns an undo function.
 
     The class's forward is bound to the module as a method (``types.MethodType``), so
     ``copy.deepcopy(module)`` rebinds it to the copy instead of calling the original's forward.
     A forward already set on the instance (another tool's wrapper) is wrapped as it is.
+    ``inner`` (optional) wraps the forward function before the region does.
     """
     own = module.__dict__.get("forward")
-    if own is not None:
-        timed = wrap(own, region)
-    else:
-        timed = types.MethodType(wrap(type(module).forward, region), module)
+    fn = own if own is not None else type(module).forward
+    if inner is not None:
+        fn = functools.wraps(fn)(inner(fn))
+    timed = wrap(fn, region)
+    if own is None:
+        timed = types.MethodType(timed, module)
     module.forward = timed
 
     def undo() -> None:

@@ -37,7 +37,7 @@ MAIN_COLUMNS = [
     "timer",
     "ms/iter (median)",
     "ms/iter [min, max]",
-    "slowdown vs none",
+    "slowdown vs none (median [IQR])",
     "added us/region (median [IQR])",
     "vs floor",
     "rounds",
@@ -45,10 +45,15 @@ MAIN_COLUMNS = [
 ]
 
 
-def _table(md: str, first_header: str) -> tuple[list[str], list[list[str]]]:
-    """The Markdown table whose header row starts with ``first_header``."""
+def _table(md: str, first_header: str, second: str = "") -> tuple[list[str], list[list[str]]]:
+    """The Markdown table whose header row starts with ``first_header`` (then ``second``)."""
     lines = md.splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.startswith(f"| {first_header} "))
+    start = next(
+        i
+        for i, ln in enumerate(lines)
+        if ln.startswith(f"| {first_header} ")
+        and (not second or ln.split("|")[2].strip().startswith(second))
+    )
     cells = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines[start:]]
     header, body = cells[0], []
     for ln, row in zip(lines[start + 2 :], cells[2:], strict=False):
@@ -127,7 +132,7 @@ def test_cuda_only_timers_are_skipped_with_a_reason(smoke: dict[str, Any]) -> No
 def test_per_timer_table_lists_every_timer(smoke: dict[str, Any]) -> None:
     """The per-timer table (syncs, memory, report time) has a row per timer."""
     md = (smoke["out"] / "results.md").read_text()
-    header, rows = _table(md, "timer")
+    header, rows = _table(md, "timer", "what it is")
     assert header[0] == "timer"
     assert "RSS growth (bytes/region)" in header
     assert {r[0] for r in rows} == set(TIMERS)
@@ -147,7 +152,144 @@ def test_json_holds_raw_rounds(smoke: dict[str, Any]) -> None:
             assert all(isinstance(v, float) for v in row.values())
         assert set(run["timers"]) == set(TIMERS)
         assert run["stats"]["none"]["rounds"] == 2
-    assert set(data["checks"]) >= {"syncs", "memory", "report", "accuracy"}
+    assert set(data["checks"]) >= {"syncs", "memory", "report", "accuracy", "resolution"}
+
+
+def test_resolution_check_pairs_cudatimer_with_the_baseline(smoke: dict[str, Any]) -> None:
+    """The resolution check times N regions + summary() and reports it next to the loop."""
+    data = json.loads((smoke["out"] / "results.json").read_text())
+    res = data["checks"]["resolution"]
+    assert res["workload"] == "launch"
+    assert res["regions"] == res["iters"] * res["regions_per_iter"] >= 480
+    assert len(res["reps"]) == 2
+    for rep in res["reps"]:
+        assert {"none", "cudatimer"} <= set(rep)
+        assert all(v["loop_s"] > 0 and v["resolve_s"] >= 0 for v in rep.values())
+    assert data["resolution_stats"]["cudatimer"]["reps"] == 2
+    md = (smoke["out"] / "results.md").read_text()
+    header, rows = _table(md, "timer", "loop ms")
+    assert "added us/region incl. resolution (median [IQR])" in header
+    assert "cudatimer" in {r[0] for r in rows}
+
+
+def test_same_recorder_cells_are_short(smoke: dict[str, Any]) -> None:
+    """cudatimer-timed's memory and report cells say only "same recorder as cudatimer"."""
+    md = (smoke["out"] / "results.md").read_text()
+    header, rows = _table(md, "timer", "what it is")
+    row = next(r for r in rows if r[0] == "cudatimer-timed")
+    for column in ("RSS growth (bytes/region)", "report time (ms)"):
+        assert row[header.index(column)] == "same recorder as cudatimer"
+
+
+def test_child_mode_writes_its_json() -> None:
+    """`run.py --child proton` runs as the separate process and writes proton_process.json."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        argv = [sys.executable, str(RUN), "--child", "proton", "--smoke", "--device", "cpu"]
+        proc = subprocess.run(
+            [*argv, "--workloads", "launch", "--out", out],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        data = json.loads((Path(out) / "proton_process.json").read_text())
+        assert not (Path(out) / "results.md").exists()
+    assert data["process"] == "proton"
+    assert data["runs"] == []  # no CUDA here: Proton cannot run, so nothing is measured
+    assert set(data["checks"]) <= {"report", "memory"}
+
+
+def _bench(name: str) -> Any:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def _run(m: Any, name: str, rounds: list[dict[str, float]], skipped: str = "") -> Any:
+    timers = {k: m.TimerRun(k) for k in rounds[0]}
+    if skipped:
+        timers[skipped] = m.TimerRun(skipped, status="skipped", reason="measured elsewhere")
+    return m.WorkloadRun(name, "d", 10, 4, 1, len(rounds), timers=timers, rounds=rounds)
+
+
+def test_separate_process_rows_replace_the_timer_row_with_their_own_baseline() -> None:
+    """Proton's rows come from its process and read against that process's none and floor."""
+    m, r = _bench("_measure"), _bench("_report")
+    main = _run(m, "launch", [{"none": 2.0, "cudatimer": 2.1}] * 3, skipped="proton")
+    # Its own process: 1 ms baseline, floor +0.05 ms, proton +0.2 ms per iteration (10 regions).
+    child = _run(m, "launch", [{"none": 1.0, "floor": 1.05, "cudatimer": 1.06, "proton": 1.2}] * 3)
+    sp = m.SeparateProcess(key="proton", why="one CUPTI subscriber", runs={"launch": child})
+    rows = {row[1]: row for row in r.main_rows([main], [sp])}
+    proton = rows["proton"]
+    assert proton[-1] == r.SEPARATE_STATUS
+    assert proton[4].startswith("1.20x")  # vs its own none (1.0), not the main one (2.0)
+    assert proton[5].startswith("20.00 ")  # (1.2 - 1.0) ms / 10 regions
+    assert proton[6] == "4.00x"  # vs its own floor: 20 us / 5 us
+    assert rows["cudatimer (proton's process)"][-1] == r.SEPARATE_STATUS
+    assert rows["cudatimer"][-1] == "ok"
+    alone = {row[1]: row for row in r.main_rows([main])}
+    assert alone["proton"][-1] == "skipped: measured elsewhere"
+
+
+def test_separate_process_checks_are_merged_and_marked() -> None:
+    """The per-timer table shows the report/memory its process measured, marked as such."""
+    m, r = _bench("_measure"), _bench("_report")
+    checks = {"report": {"proton": {"skipped": "measured in a separate process"}}}
+    own = {"samples": 10, "seconds": 0.002, "has_report": True, "report_chars": 5}
+    sp = m.SeparateProcess(key="proton", why="x", checks={"report": {"proton": own}})
+    rows = r.timer_rows({"proton": "Proton"}, r.merged_checks(checks, [sp]))
+    assert rows[0][-1] == "2.0 (10 pending) [own process]"
+
+
+def test_run_from_dict_round_trips() -> None:
+    """A child process's JSON rebuilds the same WorkloadRun."""
+    import dataclasses
+
+    m = _bench("_measure")
+    run = _run(m, "gpt2", [{"none": 1.0, "proton": 1.5}], skipped="floor")
+    run.peak_mem_gb = 12.5
+    back = m.run_from_dict(json.loads(json.dumps(dataclasses.asdict(run))))
+    assert back == run
+
+
+def test_calibrate_iters_fills_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Iterations per block follow the measured step time, within the workload's bounds."""
+    m, w = _bench("_measure"), _bench("_workloads")
+    clock = [0.0]
+
+    def step() -> None:
+        clock[0] += 0.010  # a 10 ms step on a fake clock
+
+    monkeypatch.setattr(m.time, "perf_counter", lambda: clock[0])
+    wl = w.Workload("x", "d", step, [], iters=2, warmup=1, rounds=1, block_ms=200.0)
+    assert m.calibrate_iters(wl) == pytest.approx(10.0)
+    assert wl.iters == 20
+    wl = w.Workload("x", "d", step, [], iters=2, warmup=1, rounds=1, block_ms=200.0, max_iters=8)
+    m.calibrate_iters(wl)
+    assert wl.iters == 8
+
+
+def test_resolution_stats_count_the_summary() -> None:
+    """Added time incl. resolution = (loop + summary - baseline loop) / regions, per rep."""
+    r = _bench("_report")
+    res = {
+        "regions": 1000,
+        "keys": ["none", "cudatimer"],
+        "reps": [
+            {
+                "none": {"loop_s": 1.0, "resolve_s": 0.0},
+                "cudatimer": {"loop_s": 1.01, "resolve_s": 0.002},
+            },
+        ],
+    }
+    s = r.resolution_stats(res)["cudatimer"]
+    assert s["added_us_in_loop_median"] == pytest.approx(10.0)
+    assert s["added_us_incl_resolution_median"] == pytest.approx(12.0)
 
 
 def test_unknown_timer_is_rejected() -> None:

@@ -250,6 +250,33 @@ def test_fork_after_cuda_init_times_the_child_on_the_host_clock(gpu: FakeGPU) ->
     assert len(messages) == 1 and "forked" in messages[0]
 
 
+def _open_region_child(conn: Any, timer: Timer) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        timer.region("epoch").__exit__(None, None, None)  # opened in the parent, before fork
+    conn.send([(r.name, r.clock, r.calls) for r in timer.summary(timeout_s=0.0).regions])
+
+
+def test_region_open_across_fork_closes_on_the_host_clock_in_the_child(gpu: FakeGPU) -> None:
+    """A region opened (with a CUDA event) before the fork and closed in the child is
+    recorded there on the host clock: the parent's event is never touched."""
+    t = Timer(name="across-fork")
+    region = t.region("epoch")
+    region.__enter__()
+    try:
+        ctx = multiprocessing.get_context("fork")
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_open_region_child, args=(child, t))
+        proc.start()
+        assert parent.poll(30)
+        rows = parent.recv()
+        proc.join(30)
+    finally:
+        region.__exit__(None, None, None)
+    assert rows == [("epoch", "host", 1)]
+    assert t.summary()["epoch"].clock == "cuda:0"  # the parent's own call, on events
+
+
 def _locked_child(conn: Any) -> None:
     t = Timer(name="locked-child", clock="host")
     with t.region("x"):  # records under the lock
@@ -514,6 +541,17 @@ def test_every_times_one_call_in_n_and_counts_all() -> None:
     s = t.summary()
     assert (s["hot"].calls, s["hot"].cpu.count) == (10, 3)
     assert s["hot/inner"].calls == 10
+
+
+def test_every_is_noted_in_the_report() -> None:
+    """The report says which regions were sampled and that their times cover timed calls."""
+    t = Timer(name="every-report")
+    for _ in range(4):
+        with t.region("hot", every=2), t.region("always"):
+            pass
+    text = render(t.summary())
+    assert "note: hot: sampled (every=N)" in text
+    assert "always" not in text.split("note:")[1]
 
 
 def test_every_on_decorated_function_generator_and_coroutine() -> None:

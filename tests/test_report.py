@@ -195,10 +195,19 @@ def test_columns_choose_headers() -> None:
 
 
 def test_cpu_only_run_drops_gpu_columns() -> None:
-    """With nothing timed on a GPU, the default columns have no GPU column."""
-    header = render(host_run(), fmt="tsv").splitlines()[0]
-    assert "gpu" not in header
-    assert "cpu total ms" in header
+    """With nothing timed on a GPU, host percentiles take the GPU columns' place."""
+    header = [c.strip() for c in render(host_run(), fmt="tsv").splitlines()[0].split("\t")]
+    assert header == [
+        "region",
+        "clock",
+        "calls",
+        "cpu total ms",
+        "cpu mean ms",
+        "cpu p50 ms",
+        "cpu p90 ms",
+        "cpu p99 ms",
+        "cpu max ms",
+    ]
 
 
 # -- host-bound flag and syncs ---------------------------------------------------------------------
@@ -312,7 +321,8 @@ def test_compare_rejects_bad_options() -> None:
         ({"columns": ["region", "speed"]}, ValueError, "columns must name some of"),
         ({"columns": "region"}, TypeError, "columns must be a list"),
         ({"match": 3}, TypeError, "match must be"),
-        ({"top_syncs": -1}, ValueError, "top_syncs"),
+        ({"top_syncs": -1}, ValueError, "top_syncs must be >= 0"),
+        ({"top_syncs": 1.0}, TypeError, "top_syncs must be an int"),
     ],
 )
 def test_render_rejects_bad_options(options: dict[str, object], error: type, text: str) -> None:

@@ -132,6 +132,7 @@ def test_empty_window(clock: _Clock) -> None:
     assert s.regions == () and s.steps == 0
     assert dict(s.meta)["window"] == "no steps"
     assert "no regions recorded" in render(s)
+    assert "mark steps with cudatimer.step()" in render(s)
 
 
 def test_dropped_steps_are_noted(clock: _Clock) -> None:

@@ -1,0 +1,76 @@
+"""The README's report examples: a small training loop timed with cudatimer, read every way.
+
+    python examples/report_demo.py [--out DIR] [--png examples/report.png]
+
+Runs on the GPU when there is one (regions timed with CUDA events), else on the CPU (regions
+timed on the host clock). Prints the tree and flat reports of the steps after warm-up, then
+writes DIR/run.json (and DIR/run_small.json, the same loop with a smaller model, to compare),
+DIR/trace.json and the PNG. Then try:
+
+    cudatimer show DIR/run.json --view tree
+    cudatimer compare DIR/run.json DIR/run_small.json
+    cudatimer trace DIR/run.json -o DIR/trace.json      # open in https://ui.perfetto.dev
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import cudatimer
+from cudatimer import cuda_region
+
+WARMUP = 5
+
+
+def train(hidden: int, steps: int, device: str) -> None:
+    """``steps`` iterations of a 2-layer MLP, each region named after what it does."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, hidden), nn.GELU(), nn.Linear(hidden, 512)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batches = [torch.randn(256, 512) for _ in range(4)]  # on the host, like a data loader's
+    for i in range(steps):
+        with cuda_region("train_step"):
+            with cuda_region("data"):
+                x = batches[i % len(batches)].to(device, non_blocking=True)
+            with cuda_region("forward"):
+                loss = model(x).square().mean()
+            with cuda_region("backward"):
+                loss.backward()
+            with cuda_region("optimizer"):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        cudatimer.step()  # one step per iteration: windows, warm-up and per-step series
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("/tmp/cudatimer-demo"))
+    parser.add_argument("--png", type=Path, default=Path(__file__).with_name("report.png"))
+    parser.add_argument("--steps", type=int, default=30)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    train(2048, args.steps, device)
+    cudatimer.report(view="tree", warmup=WARMUP)
+    print()
+    cudatimer.report(warmup=WARMUP, fmt="github")
+    cudatimer.save(args.out / "run.json", warmup=WARMUP)
+    cudatimer.export_trace(args.out / "trace.json", warmup=WARMUP)
+    try:
+        cudatimer.plot(args.png, warmup=WARMUP)
+    except ImportError as exc:
+        print(f"no plot: {exc}")
+
+    cudatimer.reset()
+    train(1024, args.steps, device)
+    cudatimer.save(args.out / "run_small.json", warmup=WARMUP)
+    print(f"\nwrote {args.out}/run.json, run_small.json, trace.json and {args.png}")
+
+
+if __name__ == "__main__":
+    main()
