@@ -43,8 +43,9 @@ Pattern = str | type
 
 
 class Instrumented:
-    """What :func:`instrument` returns: ``remove()`` takes every wrapper and hook away; also a
-    context manager (``with cudatimer.instrument(model): ...`` removes at the end).
+    """What :func:`instrument` returns: ``remove()`` takes every wrapper away (backward hooks
+    already set on tensors of earlier forward calls still close their regions); also a context
+    manager (``with cudatimer.instrument(model): ...`` removes at the end).
 
     ``regions`` maps each instrumented module path ("" for the model itself) to its region
     name; ``backward_regions`` likewise for backward regions.
@@ -59,7 +60,7 @@ class Instrumented:
         self._removed = False
 
     def remove(self) -> None:
-        """Remove every forward wrapper and backward hook (safe to call twice)."""
+        """Put every module's forward back (safe to call twice)."""
         if self._removed:
             return
         self._removed = True

@@ -117,13 +117,18 @@ def wrap(fn: Any, region: Region) -> Any:
 
         return timed_context
 
+    # torch's own functions (nn.Linear.forward...) are in Dynamo's skip list as first frames:
+    # called straight from the wrapper (a frame Dynamo does not compile) they would run
+    # uncompiled. A frame of ours in between, which Dynamo compiles, inlines them.
+    call = functools.partial(_compiled_entry, fn) if _is_torch_function(fn) else fn
+
     @functools.wraps(fn)
     def timed_function(*args: Any, **kwargs: Any) -> Any:
         if not timer._enabled:
-            return fn(*args, **kwargs)
+            return call(*args, **kwargs)
         enter(region)
         try:
-            result = fn(*args, **kwargs)
+            result = call(*args, **kwargs)
         except BaseException:
             leave(region, False)
             raise
@@ -131,6 +136,17 @@ def wrap(fn: Any, region: Region) -> Any:
         return result
 
     return timed_function
+
+
+def _compiled_entry(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """The frame Dynamo compiles when a timed torch function is compiled as a whole (never
+    marked to be skipped, unlike the rest of this package)."""
+    return fn(*args, **kwargs)
+
+
+def _is_torch_function(fn: Any) -> bool:
+    module = getattr(fn, "__module__", None)
+    return isinstance(module, str) and (module == "torch" or module.startswith("torch."))
 
 
 class _TimedContext:
@@ -337,7 +353,7 @@ def _codes_of(module: types.ModuleType) -> list[Any]:
     seen: set[int] = set()
 
     def add(code: Any) -> None:
-        if id(code) in seen:
+        if id(code) in seen or code is _compiled_entry.__code__:
             return
         seen.add(id(code))
         found.append(code)

@@ -153,6 +153,25 @@ def test_sampled_and_instrumented_model_compiled(fullgraph: bool) -> None:
     assert calls(t) == {"Net": 3}
 
 
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_torch_builtin_module_timed_and_compiled_is_really_compiled(fullgraph: bool) -> None:
+    """Timing an nn.Sequential or nn.Linear (torch's own forward, which Dynamo will not compile
+    as a first frame) keeps it compiled: a graph is made, fullgraph=True does not fail, and
+    every call is counted."""
+    t = Timer(name="builtin")
+    seq = nn_sequential()
+    lin = t.timed(torch.nn.Linear(4, 4), name="lin")
+    with cudatimer.instrument(seq, timer=t), torch.no_grad():
+        run(torch.compile(seq, backend="eager", fullgraph=fullgraph))
+        run(torch.compile(lin, backend="eager", fullgraph=fullgraph))
+    assert calls(t) == {"Sequential": 3, "lin": 3}
+    assert dynamo.utils.counters["stats"]["unique_graphs"] >= 2
+
+
+def nn_sequential() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
+
+
 def test_inductor_compiled_function_fullgraph() -> None:
     """With inductor (code generation on the CPU), fullgraph=True: timed around the call."""
     t = Timer(name="inductor")

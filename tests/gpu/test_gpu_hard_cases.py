@@ -288,16 +288,25 @@ def test_forked_child_exits_cleanly_after_timing() -> None:
 
 
 def test_exit_with_events_pending_is_quick_and_clean() -> None:
-    """A process that exits while 2 s of GPU work and its regions are pending exits 0, prints
-    nothing, and does not wait for a report."""
+    """A process that exits while 2 s of GPU work and its regions are pending, a region is
+    open and a daemon thread is busy in regions exits 0 and prints nothing."""
     done = run_script(
         """
-        import time, torch, cudatimer
+        import threading, time, torch, cudatimer
+
+        def spin():
+            x = torch.ones(8, device="cuda")
+            while True:
+                with cudatimer.cuda_region("spin"):
+                    x = x + 1
+
         clock_khz = torch.cuda.get_device_properties(0).clock_rate
         r = cudatimer.cuda_region("pending")
         for _ in range(200):
             with r:
                 torch.cuda._sleep(int(10 * clock_khz))
+        threading.Thread(target=spin, daemon=True).start()
+        time.sleep(0.2)
         cudatimer.cuda_region("left-open").__enter__()
         print("exiting", flush=True)
         """
