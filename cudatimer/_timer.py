@@ -48,6 +48,9 @@ _BACKEND = _cuda.BACKEND
 _LOCK = _cuda.LOCK
 _get_stream: Any = _cuda._get_stream
 _CURRENT_DEVICE = _cuda.CURRENT_DEVICE
+_USABLE = _cuda.USABLE
+_ENTRIES = _BACKEND.entries  # the same dict for the life of the process (see Backend)
+_StreamEntry = _cuda.StreamEntry
 _Ends = _cuda.Ends
 
 # Frame kinds, stored in the t0 slot when no host time is taken.
@@ -184,6 +187,7 @@ class Region:
         "domain",
         "events",
         "every",
+        "fast",
         "name",
         "nvtx",
         "streams",
@@ -224,9 +228,43 @@ class Region:
         # samples too; next() on itertools.count is atomic under the GIL, so exact in threads.
         self.every = every
         self.counter: Any = timer._sampler(name, every) if every != 1 else None
+        # Decided once: may this region take the inlined hot path of __enter__/__exit__?
+        self.fast = self.events and not streams and every == 1
 
+    # The hot path. Enter and exit are written out here, for the common case (a timing region
+    # with no side streams, its Timer on, CUDA in use, the default stream or a known one),
+    # with no further Python calls: at ~0.1 us per call, the general path's helper calls cost
+    # more than everything else around the two event records. Anything else goes through
+    # Timer._enter/_exit, which handle every case.
     def __enter__(self) -> Region:
-        self.timer._enter(self)
+        if _is_compiling():
+            return self  # Dynamo traces this: the region is left out of the graph
+        timer = self.timer
+        if not (self.fast and timer._enabled and _BACKEND.state == _USABLE):
+            timer._enter(self)
+            return self
+        stack = timer._local.stack
+        parent = stack[-1][1] if stack else timer._root
+        node = parent.children.get(self.name)
+        if node is None:
+            node = parent.child(self.name)
+        key = _get_stream(_CURRENT_DEVICE)
+        entry = _ENTRIES.get(key)
+        if entry is None or key[0] != 0:
+            # A new stream, or a side stream that may be capturing a CUDA graph.
+            timer._enter(self)
+            return self
+        if self.nvtx:
+            self.domain.push(self.attrs)
+        try:
+            pool = entry.pool
+            start = pool.pop() if pool else entry.make_event()
+            start.record(entry.stream)
+        except BaseException:
+            if self.nvtx:
+                self.domain.pop()
+            raise
+        stack.append((self, node, entry, start, _perf_ns()))
         return self
 
     def __exit__(
@@ -235,7 +273,38 @@ class Region:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.timer._exit(self, exc_type is None)
+        if _is_compiling():
+            return
+        t1 = _perf_ns()
+        timer = self.timer
+        stack = timer._local.stack
+        if stack:
+            frame = stack[-1]
+            entry = frame[2]
+            # Fast only for frames the fast enter made, still on the stream they started on.
+            if (
+                frame[0] is self
+                and type(entry) is _StreamEntry
+                and not self.streams
+                and _get_stream(_CURRENT_DEVICE) == entry.key
+            ):
+                del stack[-1]
+                try:
+                    pool = entry.pool
+                    end = pool.pop() if pool else entry.make_event()
+                    end.record(entry.stream)
+                    t0 = frame[4]
+                    pend = entry.pending
+                    pend.append(
+                        (frame[1], frame[3], end, (t1 - t0) * 1e-6, timer._step, t0, _get_ident())
+                    )
+                    if len(pend) >= entry.check_at:
+                        _BACKEND.try_harvest(entry)
+                finally:
+                    if self.nvtx:
+                        self.domain.pop()
+                return
+        timer._exit(self, exc_type is None)
 
     def __call__(self, fn: F) -> F:
         from ._wrap import wrap
@@ -376,9 +445,6 @@ class Timer:
             # enter a context manager made outside the traced code (an error under
             # fullgraph=True), but it can one made inside: the region is left out of the graph.
             return contextlib.nullcontext()  # type: ignore[return-value]
-        if DISABLED_AT_IMPORT:
-            _check_name(name)
-            return NULL_REGION  # type: ignore[return-value]
         if (
             mode is None
             and color is None
@@ -389,15 +455,18 @@ class Timer:
             and every is None
         ):
             try:
-                cached = self._regions.get(name)
+                cached = self._regions.get(name)  # `with cuda_region("x"):` in a loop: a hit
             except TypeError:
                 cached = None
             if cached is not None:
                 return cached
+            if DISABLED_AT_IMPORT:
+                _check_name(name)
+                return NULL_REGION  # type: ignore[return-value]
             region = self._make(name, self.mode, None, None, None, self.clock)
             self._regions[name] = region
             return region
-        return self._make(
+        made = self._make(
             name,
             self.mode if mode is None else mode,
             color,
@@ -407,6 +476,8 @@ class Timer:
             streams,
             every,
         )
+        # With CUDATIMER_DISABLE the options are still checked, and the region does nothing.
+        return NULL_REGION if DISABLED_AT_IMPORT else made  # type: ignore[return-value]
 
     def _sampler(self, name: str, every: int) -> itertools.count[int]:
         counter = self._samplers.get((name, every))

@@ -122,17 +122,21 @@ def wrap(fn: Any, region: Region) -> Any:
     # uncompiled. A frame of ours in between, which Dynamo compiles, inlines them.
     call = functools.partial(_compiled_entry, fn) if _is_torch_function(fn) else fn
 
+    # The region's own __enter__/__exit__ carry the inlined hot path (and fall back to the
+    # Timer's general hooks themselves), so the wrapper calls them directly.
+    r_enter, r_exit = region.__enter__, region.__exit__
+
     @functools.wraps(fn)
     def timed_function(*args: Any, **kwargs: Any) -> Any:
         if not timer._enabled:
             return call(*args, **kwargs)
-        enter(region)
+        r_enter()
         try:
             result = call(*args, **kwargs)
-        except BaseException:
-            leave(region, False)
+        except BaseException as exc:
+            r_exit(type(exc), exc, exc.__traceback__)
             raise
-        leave(region, True)
+        r_exit(None, None, None)
         return result
 
     return timed_function

@@ -189,7 +189,9 @@ def install(monkeypatch: pytest.MonkeyPatch) -> FakeGPU:
         _cuda, "_event_factory", lambda device, stream: lambda: FakeEvent(gpu, device)
     )
     monkeypatch.setattr(backend, "state", _cuda.USABLE)
-    monkeypatch.setattr(backend, "entries", {})
+    entries: dict[tuple[int, int, int], Any] = {}
+    monkeypatch.setattr(backend, "entries", entries)
+    monkeypatch.setattr(_timer, "_ENTRIES", entries)  # the hot path's alias of that dict
     monkeypatch.setattr(backend, "forked", False)
     monkeypatch.setattr(backend, "_fork_warned", False)
     monkeypatch.setattr(_cuda, "_pools", {})
