@@ -146,6 +146,38 @@ def micro(n: int = 20000) -> None:
     t0 = time.perf_counter()
     s = t.summary()
     print(f"micro summary after {s['m'].calls} regions: {(time.perf_counter() - t0) * 1e3:.1f} ms")
+    split(n)
+
+
+def split(n: int) -> None:
+    """Hot path alone (harvesting held off) and resolution per sample, for two Timer setups."""
+    from cudatimer import _cuda
+
+    for label, kwargs in (
+        ("defaults", {}),
+        ("no steps, no trace", {"keep_steps": 0, "trace_samples": 0}),
+    ):
+        t = cudatimer.Timer(name=f"split-{label}", **kwargs)
+        r = t.region("m")
+        entry = None
+        for _ in range(2):  # the first pass fills the event pool, the second is measured
+            with r:
+                pass
+            entry = _cuda.BACKEND.entries[torch._C._cuda_getCurrentStream(-1)]
+            entry.check_at = 10**9  # no harvesting inside the timed loop
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                with r:
+                    pass
+            hot = (time.perf_counter() - t0) / n * 1e6
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            t.summary()
+            resolve = (time.perf_counter() - t0) / n * 1e6
+        assert entry is not None
+        entry.check_at = len(entry.pending) + _cuda.HARVEST_BATCH
+        print(f"split {label:<20} enter+exit {hot:6.3f} us   resolution {resolve:6.3f} us/sample")
 
 
 if __name__ == "__main__":

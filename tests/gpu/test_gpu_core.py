@@ -18,10 +18,25 @@ pytestmark = pytest.mark.gpu
 SYNC_CALLS = ("cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchronize")
 
 
+_CYCLES_PER_MS: list[float] = []
+
+
 def sleep_ms(ms: float) -> None:
-    """Keep the current stream busy for about ``ms`` (a spin kernel, no host involvement)."""
-    clock_khz = torch.cuda.get_device_properties(0).clock_rate or 1_980_000
-    torch.cuda._sleep(int(ms * clock_khz))
+    """Keep the current stream busy for about ``ms`` (a spin kernel, no host involvement).
+
+    ``torch.cuda._sleep`` spins for clock cycles and the SM clock moves (345 MHz idle, 1980 MHz
+    boost on the H200), so the cycles per millisecond are measured once, on a warm GPU.
+    """
+    if not _CYCLES_PER_MS:
+        nominal = (torch.cuda.get_device_properties(0).clock_rate or 1_980_000) * 1.0
+        torch.cuda._sleep(int(nominal))  # load the kernel and wake the clocks up (~1 ms)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        torch.cuda._sleep(int(20 * nominal))
+        b.record()
+        b.synchronize()
+        _CYCLES_PER_MS.append(20 * nominal / a.elapsed_time(b))
+    torch.cuda._sleep(int(ms * _CYCLES_PER_MS[0]))
 
 
 def test_region_exits_before_gpu_finishes_and_resolves_later() -> None:

@@ -24,11 +24,7 @@ from cudatimer._report import render
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def sleep_ms(ms: float) -> None:
-    """Keep the current stream busy for about ``ms`` (a spin kernel)."""
-    clock_khz = torch.cuda.get_device_properties(torch.cuda.current_device()).clock_rate
-    torch.cuda._sleep(int(ms * (clock_khz or 1_980_000)))
+from tests.gpu.test_gpu_core import sleep_ms  # noqa: E402  (calibrated spin kernel)
 
 
 @pytest.fixture(autouse=True)

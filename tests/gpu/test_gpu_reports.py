@@ -116,8 +116,10 @@ def test_export_never_synchronizes() -> None:
 
     base = count_runtime_calls(lambda: None)  # what the profiler itself calls
     counts = count_runtime_calls(body)
-    elapsed = sum(n for key, n in counts.items() if key.startswith("cudaEventElapsedTime"))
-    assert elapsed >= 5, counts  # the export did read the events inside the profiled body
+    # The export did read the events inside the profiled body (torch 2.11's profiler names
+    # cudaEventElapsedTime "INVALID", so count every runtime call beyond the profiler's own).
+    reads = sum(counts.values()) - sum(base.values())
+    assert reads >= 5, counts
     for name in SYNC_CALLS:
         assert counts.get(name, 0) == base.get(name, 0), (name, counts, base)
 
@@ -150,11 +152,14 @@ def test_step_series_and_windows_on_gpu() -> None:
         t.step()
     series = t.step_series()
     assert [s.step for s in series] == [0, 1, 2, 3, 4]
+    # torch.cuda._sleep spins for clock cycles, so its duration follows the SM clock: compare
+    # each step with the first, not with nominal milliseconds.
+    unit = series[0].gpu_ms
     for s in series:
-        assert s.clock == "cuda:0" and s.gpu_ms == pytest.approx(2 * (s.step + 1), rel=0.2)
+        assert s.clock == "cuda:0" and s.gpu_ms == pytest.approx(unit * (s.step + 1), rel=0.15)
     window = t.summary(warmup=2)["it"]
-    assert window.calls == 3 and window.gpu_total_ms == pytest.approx(6 + 8 + 10, rel=0.2)
-    assert window.gpu_min_ms == pytest.approx(6, rel=0.2)
+    assert window.calls == 3 and window.gpu_total_ms == pytest.approx(unit * (3 + 4 + 5), rel=0.15)
+    assert window.gpu_min_ms == pytest.approx(unit * 3, rel=0.15)
 
 
 def test_saved_gpu_run_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
