@@ -26,7 +26,7 @@ from ._instrument import Instrumented, instrument
 from ._nsight import nsight_capture
 from ._records import SCHEMA_VERSION, RegionStats, StepStats, Summary, SyncSite, TraceSample
 from ._syncs import SyncDetection, detect_syncs
-from ._timer import Region, Timer
+from ._timer import Region, Timer, _is_dynamo_compiling
 
 if TYPE_CHECKING:
     from .distributed import RankSummary
@@ -70,6 +70,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 _DEFAULT = Timer()
+_DEFAULT_REGIONS = _DEFAULT._regions  # the Timer's cache of option-less regions, by name
 
 
 def default_timer() -> Timer:
@@ -83,6 +84,14 @@ def cuda_region(name: str, **options: Any) -> Region:
     Options are those of :meth:`Timer.region` (``mode``, ``color``, ``category``, ``payload``,
     ``clock``, ``streams``, ``every``).
     """
+    if not options:
+        # `with cuda_region("x"):` inside a loop: one dict lookup, no further Python frame.
+        try:
+            region = _DEFAULT_REGIONS.get(name)
+        except TypeError:  # unhashable name: Timer.region explains
+            region = None
+        if region is not None and not _is_dynamo_compiling():
+            return region
     return _DEFAULT.region(name, **options)
 
 

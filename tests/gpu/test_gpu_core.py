@@ -195,7 +195,9 @@ def test_cpu_and_gpu_time_stand_side_by_side() -> None:
         x + 1
     r = timer.summary()["host_bound"]
     assert r.cpu_total_ms >= 20.0
-    assert r.gpu_total_ms is not None and r.gpu_total_ms <= r.cpu_total_ms
+    # The GPU span ends after the kernel queued last, a few us past the host's exit.
+    assert r.gpu_total_ms is not None and r.gpu_total_ms <= r.cpu_total_ms + 1.0
+    assert r.gpu_total_ms >= 19.0  # idle gaps count: the start event ran before the sleep
 
 
 def test_module_api_on_gpu_model() -> None:
