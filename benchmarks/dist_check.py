@@ -130,7 +130,10 @@ def scenario_slow() -> None:
     for _ in range(3):
         with t.region("work"):
             if GPU:
-                work(40 if slow else 2, 2048)
+                # A spin kernel (cycles, no host involvement): 20x more GPU time on the slow
+                # rank. With two ranks skew = max / median = 2 * 20 / 21 = 1.9.
+                khz = torch.cuda.get_device_properties(torch.cuda.current_device()).clock_rate
+                torch.cuda._sleep(int((20.0 if slow else 1.0) * (khz or 1_980_000)))
             else:
                 time.sleep(0.05 if slow else 0.002)
     say("\n-- one rank slower on purpose --")
