@@ -19,7 +19,15 @@ import warnings
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from ._config import DISABLED_AT_IMPORT
+
+# Folded to True by Dynamo while it traces (a decorated function inlined into compiled code);
+# one Python frame that returns False otherwise.
+_is_dynamo_compiling: Callable[[], bool] = getattr(
+    torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling
+)
 
 if TYPE_CHECKING:
     from ._timer import Region, Timer
@@ -128,7 +136,7 @@ def wrap(fn: Any, region: Region) -> Any:
 
     @functools.wraps(fn)
     def timed_function(*args: Any, **kwargs: Any) -> Any:
-        if not timer._enabled:
+        if not timer._enabled or _is_dynamo_compiling():  # inlined by Dynamo: no region
             return call(*args, **kwargs)
         r_enter()
         try:
