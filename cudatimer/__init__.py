@@ -117,6 +117,8 @@ def report(*, all_ranks: bool = False, summary: Summary | None = None, **options
     ``all_ranks=True``: the cross-rank table of a torch.distributed job, printed on rank 0;
     every rank must call it (options: see ``cudatimer.distributed.report``).
     """
+    if not isinstance(all_ranks, bool):
+        raise TypeError(f"all_ranks must be True or False, got {type(all_ranks).__name__}")
     if all_ranks:
         from . import distributed
 
@@ -157,6 +159,8 @@ def summary(
     Otherwise options pick a window of steps and extras, see :meth:`Timer.summary` (``last``,
     ``steps``, ``warmup``, ``step_stats``, ``trace``).
     """
+    if not isinstance(all_ranks, bool):
+        raise TypeError(f"all_ranks must be True or False, got {type(all_ranks).__name__}")
     if all_ranks:
         from . import distributed
 

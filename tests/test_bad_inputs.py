@@ -122,13 +122,11 @@ CASES: list[Case] = [
     ("Timer", lambda: Timer(trace_samples=1.5), TypeError, "trace_samples"),  # type: ignore[arg-type]
     ("Timer", lambda: Timer().region("a", every=0), ValueError, "every"),
     ("Timer", lambda: Timer().region("a", streams=[None]), TypeError, "streams"),
-]
-
-# Cases another module's owner still has to make name their argument (reported, not hidden).
-KNOWN_GAPS: list[Case] = [
     ("summary", lambda: cudatimer.summary(all_ranks="yes"), TypeError, "all_ranks"),
     ("report", lambda: cudatimer.report(all_ranks=1), TypeError, "all_ranks"),
 ]
+
+# Cases another module's owner still has to make name their argument (reported, not hidden).
 
 
 async def async_gen() -> Any:
@@ -147,21 +145,6 @@ def test_bad_input_is_named(
     assert word in str(info.value), f"{function}: {info.value}"
 
 
-@pytest.mark.parametrize(
-    ("function", "call", "exc", "word"),
-    KNOWN_GAPS,
-    ids=[f"{c[0]}-gap-{i}" for i, c in enumerate(KNOWN_GAPS)],
-)
-@pytest.mark.xfail(strict=True, reason="argument not validated yet by its module's owner")
-def test_known_gaps(
-    function: str, call: Callable[[], Any], exc: type[BaseException], word: str
-) -> None:
-    """Bad inputs still answered by an error that does not name the argument."""
-    with pytest.raises(exc) as info:
-        call()
-    assert word in str(info.value)
-
-
 def test_every_public_function_is_covered() -> None:
     """Every public function (and the Timer class) has bad-input cases above."""
     public = {
@@ -169,7 +152,7 @@ def test_every_public_function_is_covered() -> None:
         for name in cudatimer.__all__
         if inspect.isfunction(getattr(cudatimer, name)) or name == "Timer"
     }
-    covered = {c[0] for c in CASES + KNOWN_GAPS}
+    covered = {c[0] for c in CASES}
     assert public - covered == set()
 
 
