@@ -29,7 +29,7 @@ model = MLP().to(device)
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 x = torch.randn(256, 1024, device=device)
 
-for step in range(20):
+for _ in range(20):
     with cudatimer.cuda_region("train_step"):
         with cudatimer.cuda_region("forward"):
             loss = model(x).square().mean()
