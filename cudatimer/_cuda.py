@@ -318,6 +318,9 @@ class Backend:
             self._bury_timer_events()
             import ctypes
 
+            # One extra reference that nothing releases: even interpreter teardown (which
+            # clears module globals) never frees the graveyard, so no event destructor runs in
+            # this child. The leak is the size of the parent's event pool, once per child.
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._graveyard))
 
     def _bury_timer_events(self) -> None:

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from ._hist import Histogram
-from ._records import RegionStats, Summary
+from ._records import RegionStats, Summary, only_row
 
 __all__ = ["RankSummary", "RankedRegion", "clock_kind"]
 
@@ -221,16 +221,7 @@ class RankSummary:
 
     def __getitem__(self, name: str) -> RankedRegion:
         """The row of region ``name`` (its full path); KeyError lists what exists."""
-        found = [r for r in self.regions if r.name == name]
-        if not found:
-            known = ", ".join(sorted({r.name for r in self.regions})) or "none"
-            raise KeyError(f"no region named {name!r} on any rank; regions: {known}")
-        if len(found) > 1:
-            raise KeyError(
-                f"region {name!r} was timed on both clocks (cuda and host); "
-                f"pick one with .get({name!r}, clock=...)"
-            )
-        return found[0]
+        return only_row(self.regions, name, " on any rank")
 
     def get(self, name: str, clock: str | None = None) -> RankedRegion | None:
         """The row of ``name`` on clock kind ``clock`` ("cuda"/"host", any if None), or None."""

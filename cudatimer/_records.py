@@ -4,10 +4,36 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from ._hist import Histogram
 
 SCHEMA_VERSION = 1
+
+
+R = TypeVar("R", bound="_Named")
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def clock(self) -> str: ...
+
+
+def only_row(rows: tuple[R, ...], name: str, where: str = "") -> R:
+    """The one row named ``name``; a KeyError that lists the names, or the clocks to pick from."""
+    found = [r for r in rows if r.name == name]
+    if not found:
+        known = ", ".join(sorted({r.name for r in rows})) or "none"
+        raise KeyError(f"no region named {name!r}{where}; regions: {known}")
+    if len(found) > 1:
+        clocks = ", ".join(r.clock for r in found)
+        raise KeyError(
+            f"region {name!r} was timed on several clocks ({clocks}); "
+            f"pick one with .get({name!r}, clock=...)"
+        )
+    return found[0]
 
 
 @dataclass(frozen=True)
@@ -161,17 +187,7 @@ class Summary:
 
     def __getitem__(self, name: str) -> RegionStats:
         """The record of region ``name`` (its full path); KeyError lists what exists."""
-        found = [r for r in self.regions if r.name == name]
-        if not found:
-            known = ", ".join(sorted({r.name for r in self.regions})) or "none"
-            raise KeyError(f"no region named {name!r}; regions: {known}")
-        if len(found) > 1:
-            clocks = ", ".join(r.clock for r in found)
-            raise KeyError(
-                f"region {name!r} was timed on several clocks ({clocks}); "
-                f"pick one with summary.get({name!r}, clock=...)"
-            )
-        return found[0]
+        return only_row(self.regions, name)
 
     def get(self, name: str, clock: str | None = None) -> RegionStats | None:
         """The record of ``name`` on ``clock`` (any clock if None), or None."""
