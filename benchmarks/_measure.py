@@ -533,7 +533,7 @@ def resolution_cost(
 def accuracy_vs_cupti(regions: int, matmuls: int, log: Log) -> dict[str, Any]:
     """cudatimer's GPU time per region against the CUPTI kernel span (first kernel start to last
     kernel end) of the same region, from one profiled execution. Each region is ``matmuls`` bf16
-    4096^3 GEMMs (~0.17 ms each on an H200, FACTS.md: 60 make ~10 ms); regions run back to
+    4096^3 GEMMs (~0.17 ms each on an H200: 60 make ~10 ms); regions run back to
     back, so only the first one starts on an idle GPU (its launch latency belongs to it)."""
     import cudatimer
 

@@ -1,7 +1,7 @@
 """The workloads the benchmark times: two synthetic loops and two real training steps.
 
 Each workload is a model, a ``step()`` that runs one iteration, and the list of modules whose
-``forward`` gets a region. The sizes are the issue's: the two loops of FACTS.md, and GPT-2 small
+``forward`` gets a region. The sizes are the issue's: the two loops measured on an H200, and GPT-2 small
 and ResNet-50 training at their usual batch sizes (the <= 5% goal is judged there);
 ``smoke=True`` shrinks everything so a CPU runs it in about a second.
 """
@@ -69,7 +69,7 @@ def _autocast(device: str) -> contextlib.AbstractContextManager[object]:
 
 
 def _launch_bound(device: str, smoke: bool) -> Workload:
-    # FACTS.md: about 40 us of CPU work per layer, so the loop is bound by the CPU launching
+    # About 40 us of CPU work per layer (H200 host), so the loop is bound by the CPU launching
     # kernels and every microsecond a timer adds per region shows up in the loop time.
     width, depth, batch = (32, 4, 4) if smoke else (256, 48, 32)
     blocks = [nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(depth)]
@@ -86,7 +86,7 @@ def _launch_bound(device: str, smoke: bool) -> Workload:
         region_modules=[(f"layer{i}", b) for i, b in enumerate(blocks)],
         iters=2 if smoke else 20,
         warmup=1 if smoke else 2,
-        # The workload the 1.25 x floor target is judged on: FACTS.md saw the floor move 6-12 us
+        # The workload the 1.25 x floor target is judged on: the floor was seen to move 6-12 us
         # per region between runs, so it gets the most rounds. Blocks of 20 steps (40 ms) read
         # [1.47, 2.67] ms/iter for the baseline on the H200: ~100 ms blocks (~50 steps) average
         # more of the host's jitter out (a round of all timers is then ~2-3 s).
@@ -98,7 +98,7 @@ def _launch_bound(device: str, smoke: bool) -> Workload:
 
 def _compute_bound(device: str, smoke: bool) -> Workload:
     # One 8192x4096x4096 bf16 GEMM is 275 GFLOP, about 0.35 ms on an H200 (~790 TFLOP/s): the
-    # GPU runs far behind the CPU, so host-side timer costs hide (FACTS.md: <= 1.02x) and only
+    # GPU runs far behind the CPU, so host-side timer costs hide (measured: <= 1.02x) and only
     # a synchronizing timer shows (it drains the queue at every region).
     width, depth, batch = (64, 2, 16) if smoke else (4096, 16, 8192)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32

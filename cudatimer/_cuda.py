@@ -1,6 +1,6 @@
 """CUDA side of the recorder: stream lookup, pooled events, pending samples, harvesting.
 
-Costs that shape this module (H200, ../FACTS):
+Costs that shape this module (measured on an H200):
 - ``torch.cuda.current_stream()`` builds a Python Stream object: 4.6-7.6 us, more than the two
   event records it would serve. ``torch._C._cuda_getCurrentStream(device)`` returns a plain tuple
   in 0.14 us; we key a dict of cached Stream objects with it.

@@ -2,7 +2,7 @@
 
 A timing event recorded while a stream captures poisons the capture (``query`` and
 ``elapsed_time`` then raise "invalid argument", even after replay), and any query during
-capture ruins it (../FACTS: CUDA graph capture). So a region entered while its stream captures
+capture ruins it (measured on an H200). So a region entered while its stream captures
 records no event: it is timed on the host clock and counted as ``skipped`` (the report says so).
 Replays are ordinary stream work: a region around ``graph.replay()`` is timed like any other,
 which :func:`timed_replay` spells out.

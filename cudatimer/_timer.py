@@ -600,7 +600,7 @@ class Timer:
     def _enter(self, r: Region) -> None:
         if _is_compiling():
             # Dynamo would trace into thread-locals and event objects and crash or lose them
-            # (../FACTS: torch.compile); inside a compiled graph the region does nothing.
+            # (seen with torch 2.11); inside a compiled graph the region does nothing.
             return
         stack = self._local.stack
         node = (stack[-1][1] if stack else self._root).child(r.name)
