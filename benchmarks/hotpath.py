@@ -3,7 +3,8 @@
 The loop is 48 x (Linear(256,256) + GELU), batch 32, fp32: ~40 us of CPU work per layer, so
 every microsecond a region adds shows. Variants run interleaved (A B C ... per round) and we
 take medians over rounds, because the same loop's floor moved 6-12 us per region between runs
-(measured on the H200 lent for this project). "added us/region" = (variant - none) / 48; "vs floor" divides that by the floor's.
+(measured on an H200). "added us/region" = (variant - none) / 48; "vs floor" divides that
+by the floor's.
 
     python benchmarks/hotpath.py --rounds 21 --iters 20
 """

@@ -16,8 +16,9 @@
    sample (no GPU, no nsys).
 
 Why per call, not total: an event span starts before the first kernel's launch latency
-(measured on an H200: a small MLP forward read 0.668 ms by events, 0.325 ms projected), so a region of
-many short calls can total milliseconds and still differ by 2x. Only long calls compare well.
+(measured on an H200: a small MLP forward read 0.668 ms by events, 0.325 ms projected), so a
+region of many short calls can total milliseconds and still differ by 2x. Only long calls
+compare well.
 Why by leaf name: NVTX messages are the region's own name, so nsys sums "a/x" and "b/x" as "x".
 """
 

@@ -4,8 +4,9 @@ It replaces the few CUDA entry points cudatimer uses (``_cuda_getCurrentStream``
 check, Stream and Event construction) with deterministic stand-ins: each stream has a virtual
 "busy until" time in ms, ``run(ms)`` queues work on a stream, an event recorded on a stream takes
 that stream's busy-until time, and events complete when the test says so (all, by default).
-Timing semantics follow what was measured on an H200: elapsed_time raises ValueError on an unrecorded event and
-RuntimeError on an unfinished one or on events of two devices; query never blocks.
+Timing semantics follow what was measured on an H200: elapsed_time raises ValueError on an
+unrecorded event and RuntimeError on an unfinished one or on events of two devices; query never
+blocks.
 
 The real behaviour is checked on the GPU (tests/gpu/); this checks the recorder's logic.
 """

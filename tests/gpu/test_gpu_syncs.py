@@ -1,6 +1,6 @@
 """Sync detection on a CUDA device, each case in a fresh process: torch's GPU-trace hooks, once
-activated, stay active for the life of the process (torch offers no way to switch them off), so they must not leak into the
-other GPU tests."""
+activated, stay active for the life of the process (torch offers no way to switch them off),
+so they must not leak into the other GPU tests."""
 
 from __future__ import annotations
 
