@@ -110,9 +110,9 @@ class StreamEntry:
         self.stream: Any = _cuda_mod.Stream(
             stream_id=stream_id, device_index=device, device_type=device_type
         )
-        # Samples: (node, start event, end event, cpu ms, step, host start ns, thread id), in
-        # end-record order.
-        self.pending: deque[tuple[Any, Any, Any, float, int, int, int]] = deque()
+        # Samples: (node, start event, end event, host start ns, host end ns, step, thread id),
+        # in end-record order. Host times stay raw integers until the harvest.
+        self.pending: deque[tuple[Any, Any, Any, int, int, int, int]] = deque()
         self.check_at = HARVEST_BATCH
         self.pool: list[Any] = _pool_for(device)
         self.make_event = _event_factory(device, self.stream)
@@ -127,8 +127,11 @@ class StreamEntry:
                 ev.record(self.stream)
                 self.pool.append(ev)
 
-    def new_event(self) -> Any:
-        return self.make_event()
+    def take(self) -> Any:
+        """A pooled event (a new one when the pool is empty); the general paths use this, the
+        inlined hot path in Region.__enter__/__exit__ writes the same line out."""
+        pool = self.pool
+        return pool.pop() if pool else self.make_event()
 
 
 _pools: dict[int, list[Any]] = {}
@@ -236,7 +239,7 @@ class Backend:
             clock = entry.clock
             for _ in range(ready):
                 sample = pend.popleft()
-                node, start, end, cpu_ms, step, t0, tid = sample
+                node, start, end, t0, t1, step, tid = sample
                 rest: list[Any] = []
                 try:
                     if type(end) is Ends:
@@ -251,7 +254,7 @@ class Backend:
                     pend.appendleft(sample)
                     break
                 kept = node.owner._record(
-                    node, clock, gpu_ms, cpu_ms, step, False, t0, tid, entry, start, end
+                    node, clock, gpu_ms, (t1 - t0) * 1e-6, step, False, t0, tid, entry, start, end
                 )
                 if not kept:
                     pool.append(start)

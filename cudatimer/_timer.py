@@ -134,9 +134,19 @@ class _Node:
         acc.calls += 1
 
 
+class _Stack(list):  # type: ignore[type-arg]
+    """A thread's open regions; carries the thread's id, read once, for every sample's trace."""
+
+    __slots__ = ("tid",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tid = _get_ident()
+
+
 class _Local(threading.local):
     def __init__(self) -> None:
-        self.stack: list[tuple[Any, ...]] = []
+        self.stack: _Stack = _Stack()
 
 
 def _check_name(name: object, what: str = "name") -> str:
@@ -310,11 +320,9 @@ class Region:
                     pool = entry.pool
                     end = pool.pop() if pool else entry.make_event()
                     end.record(entry.stream)
-                    t0 = frame[4]
                     pend = entry.pending
-                    pend.append(
-                        (frame[1], frame[3], end, (t1 - t0) * 1e-6, timer._step, t0, _get_ident())
-                    )
+                    # Raw clock reads: the harvest turns them into milliseconds, off this path.
+                    pend.append((frame[1], frame[3], end, frame[4], t1, timer._step, stack.tid))
                     if len(pend) >= entry.check_at:
                         _BACKEND.try_harvest(entry)
                 finally:
@@ -621,8 +629,7 @@ class Timer:
                 if entry is None:  # capturing a CUDA graph: host time only, counted as skipped
                     stack.append((r, node, None, _SKIP, _perf_ns()))
                     return
-                pool = entry.pool
-                start = pool.pop() if pool else entry.make_event()
+                start = entry.take()
                 start.record(entry.stream)
             except BaseException:
                 if r.nvtx:
@@ -692,7 +699,7 @@ class Timer:
             if entry is None:
                 start = _SKIP
             else:
-                start = entry.pool.pop() if entry.pool else entry.make_event()
+                start = entry.take()
                 start.record(entry.stream)
         return (r, node, entry, start, _perf_ns(), range_id)
 
@@ -717,11 +724,10 @@ class Timer:
                 if r.streams or _get_stream(_CURRENT_DEVICE) != entry.key:
                     self._finish_streams(r, node, entry, start, t0, t1)
                     return
-                pool = entry.pool
-                end = pool.pop() if pool else entry.make_event()
+                end = entry.take()
                 end.record(entry.stream)
                 pend = entry.pending
-                pend.append((node, start, end, (t1 - t0) * 1e-6, self._step, t0, _get_ident()))
+                pend.append((node, start, end, t0, t1, self._step, self._local.stack.tid))
                 if len(pend) >= entry.check_at:
                     _BACKEND.try_harvest(entry)
             else:
@@ -734,7 +740,7 @@ class Timer:
                         self._step,
                         start is _SKIP,
                         t0,
-                        _get_ident(),
+                        self._local.stack.tid,
                         None,
                         None,
                         None,
@@ -752,9 +758,7 @@ class Timer:
         device). Each other stream of the start device gets its own end event; the sample's GPU
         time runs to the latest of them. No stream waits on another: only events are recorded.
         """
-        pool = entry.pool
-        make = entry.make_event
-        end = pool.pop() if pool else make()
+        end = entry.take()
         end.record(entry.stream)
         extra = []
         covered = {entry.key}
@@ -771,7 +775,7 @@ class Timer:
                 )
             elif not (key[0] != 0 and _cuda._is_capturing is not None and _cuda._is_capturing()):
                 other = _BACKEND.entries.get(key) or _BACKEND.entry(key)
-                ev = pool.pop() if pool else make()
+                ev = entry.take()
                 ev.record(other.stream)
                 extra.append(ev)
                 covered.add(key)
@@ -796,7 +800,7 @@ class Timer:
                     "so that stream is not covered.",
                 )
                 continue
-            ev = pool.pop() if pool else make()
+            ev = entry.take()
             ev.record(stream)
             extra.append(ev)
             covered.add(skey)
@@ -806,10 +810,10 @@ class Timer:
                 node,
                 start,
                 _Ends(end, tuple(extra)) if extra else end,
-                (t1 - t0) * 1e-6,
-                self._step,
                 t0,
-                _get_ident(),
+                t1,
+                self._step,
+                self._local.stack.tid,
             )
         )
         if len(pend) >= entry.check_at:
