@@ -162,6 +162,22 @@ class Cudatimer(TimerAdapter):
         return text
 
 
+class CudatimerPure(Cudatimer):
+    """cudatimer with its compiled hot path switched off for this timer's timed blocks (the
+    pure Python path, what an install without a C compiler runs)."""
+
+    def start_round(self) -> None:
+        from cudatimer import _timer
+
+        self._was = _timer.compiled()
+        _timer.use_compiled(False)
+
+    def end_round(self) -> None:
+        from cudatimer import _timer
+
+        _timer.use_compiled(getattr(self, "_was", True))
+
+
 class CudatimerTimed(Cudatimer):
     """cudatimer's own module decorator, ``timer.timed(module, name=...)``: it replaces
     ``module.forward`` like the common wrapper does, but enters the region without the context
@@ -531,6 +547,12 @@ TIMERS: tuple[TimerSpec, ...] = (
         "cudatimer.Timer() region: NVTX + pooled events, resolved at report",
         lambda: Cudatimer("full"),
         full_memory_run=True,
+    ),
+    TimerSpec(
+        "cudatimer-py",
+        "cudatimer.Timer() region with the compiled hot path switched off (pure Python)",
+        CudatimerPure,
+        no_checks="same recorder as cudatimer",
     ),
     TimerSpec(
         "cudatimer-timed",

@@ -46,17 +46,43 @@ class Floor:
         self.b.record(self.stream)
 
 
+class FloorPool:
+    """The floor with distinct events: each region records the next two of 512 pre-recorded
+    events (a lazily resolving timer cannot re-record an event before reading it), still no
+    stream lookup, no bookkeeping, never read. Separates the cost of cycling through many CUDA
+    events from the cost of the timer's own code."""
+
+    def __init__(self, n: int = 512) -> None:
+        self.stream = torch.cuda.current_stream()
+        self.events = [torch.Event(device="cuda", enable_timing=True) for _ in range(n)]
+        for ev in self.events:
+            ev.record(self.stream)
+        self.i = 0
+
+    def __enter__(self) -> None:
+        self.i = i = (self.i + 1) % len(self.events)
+        self.events[i].record(self.stream)
+
+    def __exit__(self, *exc: object) -> None:
+        self.i = i = (self.i + 1) % len(self.events)
+        self.events[i].record(self.stream)
+
+
 def variants(device: str) -> dict[str, Callable[[], AbstractContextManager[object]]]:
     null = nullcontext()
     out: dict[str, Callable[[], AbstractContextManager[object]]] = {"none": lambda: null}
     if device == "cuda":
         floor = Floor()
         out["floor"] = lambda: floor  # type: ignore[assignment,return-value]
+        floor_pool = FloorPool()
+        out["floor-pool"] = lambda: floor_pool  # type: ignore[assignment,return-value]
     full = cudatimer.Timer(name="full")
     events = cudatimer.Timer(name="events", mode="events")
     nvtx_only = cudatimer.Timer(name="nvtx", mode="nvtx")
     off = cudatimer.Timer(name="off", enabled=False)
     out["cudatimer"] = lambda: full.region("layer")
+    # The same Timer with the compiled event calls switched off (the pure Python path).
+    out["cudatimer-py"] = lambda: full.region("layer")
     held = full.region("layer")
     out["cudatimer-held"] = lambda: held  # the Region object kept, not looked up per call
     deferred = cudatimer.Timer(name="deferred")
@@ -78,10 +104,14 @@ def main() -> None:
     vs = variants(device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
-    from cudatimer import _cuda
+    from cudatimer import _cuda, _timer
 
     def run(make: Callable[[], AbstractContextManager[object]], iters: int) -> float:
         deferred = make is vs.get("deferred")
+        pure = make is vs.get("cudatimer-py")
+        compiled = _timer.compiled()
+        if pure:
+            _timer.use_compiled(False)
         if deferred:
             for entry in _cuda.BACKEND.entries.values():
                 entry.check_at = 10**9
@@ -94,6 +124,8 @@ def main() -> None:
                     y = gelu(layer(y))
         sync()
         dt = (time.perf_counter() - t0) / iters
+        if pure:
+            _timer.use_compiled(compiled)
         if deferred:  # resolve outside the timed part, then let harvesting work again
             cudatimer.Timer.summary(make().timer)  # type: ignore[attr-defined]
             for entry in _cuda.BACKEND.entries.values():
@@ -110,7 +142,8 @@ def main() -> None:
     base = med["none"]
     floor_add = (med["floor"] - base) / 48 if "floor" in med else float("nan")
     print(f"device={torch.cuda.get_device_name() if device == 'cuda' else 'cpu'} "
-          f"torch={torch.__version__} rounds={args.rounds} iters={args.iters}")
+          f"torch={torch.__version__} rounds={args.rounds} iters={args.iters} "
+          f"compiled={_timer.compiled()} runtime_bound={_cuda.RUNTIME_BOUND}")
     print(f"{'variant':<12} {'ms/iter':>9} {'slowdown':>9} {'us/region':>10} {'vs floor':>9} "
           f"{'spread us/region':>18}")
     for k, v in med.items():
@@ -148,6 +181,22 @@ def micro(n: int = 20000) -> None:
             pass
 
     cases["cudatimer enter+exit"] = region
+    from cudatimer import _cuda
+
+    entry = _cuda.BACKEND.entries[torch._C._cuda_getCurrentStream(-1)]
+    if _cuda.RUNTIME_BOUND:
+        from cudatimer import _speedups  # type: ignore[attr-defined]
+
+        def take_compiled() -> None:
+            entry.pool.append(_speedups.take_record(entry))
+
+        cases["take_record (compiled)"] = take_compiled
+        cases["elapsed_ms (compiled)"] = lambda: _speedups.elapsed_ms(ev[0], ev[1])
+
+    def take_python() -> None:
+        entry.pool.append(entry.take_recorded())
+
+    cases["take_recorded (Python)"] = take_python
     ev[1].record(stream)
     torch.cuda.synchronize()
     for name, fn in cases.items():

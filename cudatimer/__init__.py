@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from . import _exit
+from . import _exit, _timer
 from ._export import load
 from ._graphs import timed_replay
 from ._hist import ALPHA, Histogram
@@ -44,6 +44,7 @@ __all__ = [
     "SyncSite",
     "Timer",
     "TraceSample",
+    "compiled",
     "cuda_region",
     "cuda_timed",
     "default_timer",
@@ -185,6 +186,18 @@ def disable() -> None:
 
 def is_enabled() -> bool:
     return _DEFAULT.enabled
+
+
+def compiled() -> bool:
+    """True when regions run the compiled hot path (``cudatimer._speedups``, built at install
+    where a C compiler is present; it records events through the CUDA runtime torch loaded);
+    False means the same logic runs in Python (not built, or ``CUDATIMER_PURE_PYTHON=1``).
+
+    >>> import cudatimer
+    >>> isinstance(cudatimer.compiled(), bool)
+    True
+    """
+    return _timer.compiled()
 
 
 def step() -> int:

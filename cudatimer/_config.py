@@ -26,3 +26,8 @@ def env_flag(name: str, *, default: bool) -> bool:
 #: ``CUDATIMER_DISABLE=1`` turns every region into a no-op at import: decorators return the
 #: function unchanged and ``cuda_region`` returns a shared null context.
 DISABLED_AT_IMPORT: bool = env_flag("CUDATIMER_DISABLE", default=False)
+
+#: ``CUDATIMER_PURE_PYTHON=1`` keeps the compiled hot path (``cudatimer._speedups``) unused even
+#: where it was built: every event goes through torch's own ``record``/``elapsed_time``. For
+#: debugging and for measuring what the compiled path saves.
+PURE_PYTHON: bool = env_flag("CUDATIMER_PURE_PYTHON", default=False)

@@ -9,6 +9,10 @@ Costs that shape this module (measured on an H200):
   (+1.5 us once), so events are pooled and reused, and a new stream's pool is pre-warmed.
 - ``query()`` never blocks (0.34-0.66 us). Events on one stream complete in the order they were
   recorded, so one query of the newest pending end event usually clears a whole batch.
+- The compiled module ``_speedups`` (optional) pops a pooled event and records it in one C call
+  through the CUDA runtime torch loaded, skipping the binding's parsing and device guard, and
+  reads elapsed times the same way; ``take_recorded``/``elapsed_ms`` below are it, or the same
+  logic in Python when it is missing or ``CUDATIMER_PURE_PYTHON`` is set.
 - ``_cuda_getCurrentStream(-1)`` resolves the current device in C (``getCurrentCUDAStream(-1)``
   calls ``current_device()``) and returns the stream's device in the tuple: one call (0.14 us)
   instead of ``_cuda_getDevice()`` + ``_cuda_getCurrentStream(dev)`` (0.1 us more), and at exit the
@@ -20,6 +24,7 @@ Nothing here touches CUDA at import: a process that never initialises CUDA stays
 from __future__ import annotations
 
 import atexit
+import importlib
 import os
 import threading
 import time
@@ -28,6 +33,14 @@ from collections import deque
 from typing import Any
 
 import torch
+
+from ._hist import HistBuilder
+
+_speedups: Any
+try:
+    _speedups = importlib.import_module("cudatimer._speedups")
+except ImportError:  # not built (no C compiler at install): the Python path does the same
+    _speedups = None
 
 _cuda_mod: Any = torch.cuda
 
@@ -97,6 +110,7 @@ class StreamEntry:
         "make_event",
         "pending",
         "pool",
+        "raw",
         "ref",
         "ref_ns",
         "stream",
@@ -115,7 +129,12 @@ class StreamEntry:
         self.pending: deque[tuple[Any, Any, Any, int, int, int, int]] = deque()
         self.check_at = HARVEST_BATCH
         self.pool: list[Any] = _pool_for(device)
-        self.make_event = _event_factory(device, self.stream)
+        self.make_event, generic = _event_factory(device, self.stream)
+        # The cudaStream_t the compiled path records on; None keeps every record in torch
+        # (torch.cuda.Event fallback events, or no compiled module).
+        self.raw: int | None = (
+            int(self.stream.cuda_stream) if generic and RUNTIME_BOUND else None
+        )
         # Trace export places every event on this stream's GPU timeline by its elapsed time
         # from this reference event; ref_ns is the host clock when it was recorded.
         self.ref = self.make_event()
@@ -133,6 +152,41 @@ class StreamEntry:
         pool = self.pool
         return pool.pop() if pool else self.make_event()
 
+    def take_recorded(self) -> Any:
+        """A pooled event recorded on this stream now: the Python twin of the compiled
+        ``_speedups.take_record(entry)``, which calls this when it cannot record itself."""
+        pool = self.pool
+        event = pool.pop() if pool else self.make_event()
+        event.record(self.stream)
+        return event
+
+
+def _elapsed_py(start: Any, end: Any) -> float:
+    """Milliseconds from ``start`` to ``end`` (the Python twin of ``_speedups.elapsed_ms``)."""
+    ms: float = start.elapsed_time(end)
+    return ms
+
+
+#: True when the compiled module is built and bound to the CUDA runtime torch loaded (decided
+#: once, at import; binding never initialises CUDA, so fork safety is unchanged).
+RUNTIME_BOUND: bool = _speedups is not None and bool(_speedups.load())
+#: The functions the recorder calls: compiled when bound and switched on, else Python
+#: (``set_compiled``, from ``_timer.use_compiled``, rebinds them).
+take_recorded: Any = StreamEntry.take_recorded
+elapsed_ms: Any = _elapsed_py
+#: The harvest loop (``_speedups.resolve``), or None for the Python loop.
+resolve: Any = None
+
+
+def set_compiled(on: bool) -> None:
+    """Record and read events through the compiled module (when it is bound) or in Python;
+    harvest with its loop (it reads fake events through their Python methods too)."""
+    global take_recorded, elapsed_ms, resolve
+    bound = on and RUNTIME_BOUND and _speedups is not None
+    take_recorded = _speedups.take_record if bound else StreamEntry.take_recorded
+    elapsed_ms = _speedups.elapsed_ms if bound else _elapsed_py
+    resolve = _speedups.resolve if on and _speedups is not None else None
+
 
 _pools: dict[int, list[Any]] = {}
 
@@ -144,17 +198,50 @@ def _pool_for(device: int) -> list[Any]:
     return pool
 
 
-def _event_factory(device: int, stream: Any) -> Any:
-    """Prefer the C++ ``torch.Event`` (cheaper record); fall back to ``torch.cuda.Event``."""
+def _event_factory(device: int, stream: Any) -> tuple[Any, bool]:
+    """Prefer the C++ ``torch.Event`` (cheaper record, and its ``event_id`` is the handle the
+    compiled path records); fall back to ``torch.cuda.Event``. Returns (factory, generic)."""
     generic = getattr(torch, "Event", None)
     if generic is not None:
         try:
             probe = generic(device=f"cuda:{device}", enable_timing=True)
             probe.record(stream)
-            return lambda: generic(device=f"cuda:{device}", enable_timing=True)
+            has_handle = isinstance(getattr(probe, "event_id", None), int)
+            return lambda: generic(device=f"cuda:{device}", enable_timing=True), has_handle
         except (TypeError, RuntimeError, AttributeError):
             pass
-    return lambda: _cuda_mod.Event(enable_timing=True)
+    return lambda: _cuda_mod.Event(enable_timing=True), False
+
+
+def resolve_one(entry: StreamEntry, sample: tuple[Any, ...]) -> bool:
+    """Resolve one finished sample of ``entry`` (caller holds LOCK): GPU time, then the owning
+    Timer records it; its events go back to the pool unless the trace window keeps them.
+    False when it is not readable yet: it is put back first in line, and harvesting stops.
+    The compiled ``_speedups.resolve`` does the same for plain samples and calls this one for
+    samples that ended on several streams."""
+    node, start, end, t0, t1, step, tid = sample
+    rest: list[Any] = []
+    try:
+        if type(end) is Ends:
+            # Side-stream ends finish in no particular order: all must be done.
+            if not end.query():
+                raise RuntimeError("side stream still running")
+            gpu_ms, end, rest = end.resolve(start)
+        else:
+            gpu_ms = elapsed_ms(start, end)
+    except (RuntimeError, ValueError):
+        # Two threads appended out of record order: this one is not done yet.
+        entry.pending.appendleft(sample)
+        return False
+    kept = node.owner._record(
+        node, entry.clock, gpu_ms, (t1 - t0) * 1e-6, step, False, t0, tid, entry, start, end
+    )
+    pool = entry.pool
+    if not kept:
+        pool.append(start)
+        pool.append(end)
+    pool.extend(rest)
+    return True
 
 
 class Backend:
@@ -235,31 +322,12 @@ class Backend:
                     else:
                         hi = mid
                 ready = lo
-            pool = entry.pool
-            clock = entry.clock
-            for _ in range(ready):
-                sample = pend.popleft()
-                node, start, end, t0, t1, step, tid = sample
-                rest: list[Any] = []
-                try:
-                    if type(end) is Ends:
-                        # Side-stream ends finish in no particular order: all must be done.
-                        if not end.query():
-                            raise RuntimeError("side stream still running")
-                        gpu_ms, end, rest = end.resolve(start)
-                    else:
-                        gpu_ms = start.elapsed_time(end)
-                except (RuntimeError, ValueError):
-                    # Two threads appended out of record order: this one is not done yet.
-                    pend.appendleft(sample)
-                    break
-                kept = node.owner._record(
-                    node, clock, gpu_ms, (t1 - t0) * 1e-6, step, False, t0, tid, entry, start, end
-                )
-                if not kept:
-                    pool.append(start)
-                    pool.append(end)
-                pool.extend(rest)
+            if resolve is not None:
+                resolve(entry, ready, resolve_one)
+            else:
+                for _ in range(ready):
+                    if not resolve_one(entry, pend.popleft()):
+                        break
         entry.check_at = len(pend) + HARVEST_BATCH
 
     def try_harvest(self, entry: StreamEntry) -> None:
@@ -358,6 +426,8 @@ class Backend:
 
 
 BACKEND = Backend()
+if _speedups is not None:
+    _speedups.configure(BACKEND, USABLE, StreamEntry, Ends, HistBuilder.FOLD)
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=BACKEND.after_fork_in_child)

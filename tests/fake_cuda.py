@@ -187,7 +187,7 @@ def install(monkeypatch: pytest.MonkeyPatch) -> FakeGPU:
     monkeypatch.setattr(_cuda, "_is_capturing", gpu.is_capturing)
     monkeypatch.setattr(_cuda, "_cuda_mod", _FakeCudaModule(gpu))
     monkeypatch.setattr(
-        _cuda, "_event_factory", lambda device, stream: lambda: FakeEvent(gpu, device)
+        _cuda, "_event_factory", lambda device, stream: (lambda: FakeEvent(gpu, device), False)
     )
     monkeypatch.setattr(backend, "state", _cuda.USABLE)
     entries: dict[tuple[int, int, int], Any] = {}

@@ -60,6 +60,7 @@ CASES: list[Case] = [
     ("enable", lambda: cudatimer.enable(1), TypeError, "enable"),  # type: ignore[call-arg]
     ("disable", lambda: cudatimer.disable(1), TypeError, "disable"),  # type: ignore[call-arg]
     ("is_enabled", lambda: cudatimer.is_enabled(1), TypeError, "is_enabled"),  # type: ignore[call-arg]
+    ("compiled", lambda: cudatimer.compiled(1), TypeError, "compiled"),  # type: ignore[call-arg]
     ("reset", lambda: cudatimer.reset(1), TypeError, "reset"),  # type: ignore[call-arg]
     ("step", lambda: cudatimer.step(1), TypeError, "step"),  # type: ignore[call-arg]
     ("mark", lambda: cudatimer.mark(3), TypeError, "name"),  # type: ignore[arg-type]

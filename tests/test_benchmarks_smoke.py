@@ -19,6 +19,7 @@ TIMERS = (
     "wrap-only",
     "floor",
     "cudatimer",
+    "cudatimer-py",
     "cudatimer-timed",
     "cudatimer-nvtx",
     "cudatimer-off",

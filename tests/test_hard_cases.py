@@ -26,9 +26,17 @@ from cudatimer._report import render
 from tests.fake_cuda import FakeGPU, install
 
 
-@pytest.fixture
-def gpu(monkeypatch: pytest.MonkeyPatch) -> FakeGPU:
-    return install(monkeypatch)
+@pytest.fixture(params=["compiled", "python"])
+def gpu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGPU]:
+    """A fake GPU, once through the compiled hot path and once through the Python one."""
+    if request.param == "compiled" and _cuda._speedups is None:
+        pytest.skip("the compiled module is not built here")
+    was = _timer.compiled()
+    _timer.use_compiled(request.param == "compiled")
+    try:
+        yield install(monkeypatch)
+    finally:
+        _timer.use_compiled(was)
 
 
 def calls(timer: Timer) -> dict[str, int]:
