@@ -508,7 +508,9 @@ def render_compare(
         "change",
     ]
     align = ("left", "left", "right", "right", "right", "left")
-    text = tabulate(table, headers=headers, tablefmt=fmt, disable_numparse=True, colalign=align)
+    text: str = tabulate(
+        table, headers=headers, tablefmt=fmt, disable_numparse=True, colalign=align
+    )
     note = (
         f"\nnote: {stat} per region; GPU time where timed on the GPU, else host time; "
         f"'same' = within {100 * tolerance:g}%"
