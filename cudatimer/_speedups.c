@@ -16,9 +16,8 @@
  * the runtime is absent, an event has no CUDA handle yet, or the runtime returns an error, so
  * errors surface with torch's own messages and nothing is recorded twice or lost.
  */
-#define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include <Python.h> /* first, as Python asks; its pyconfig.h defines _GNU_SOURCE on Linux */
 
 #include <string.h>
 #include <time.h>
