@@ -5,8 +5,10 @@ Per-call state lives on a per-thread stack of tuples, never on a shared object, 
 per region: a thread-local read, a dict lookup for the path, an NVTX push/pop with cached
 attributes, one stream lookup (a tuple from C, a dict hit), two pooled event records on that
 stream, two host clock reads and a deque append. No synchronisation, no allocation of events,
-no Python Stream objects. Everything else (resolving events, statistics, reports) happens when
-a sample is harvested (every HARVEST_BATCH exits, without blocking) or when a report is asked.
+no Python Stream objects. With the compiled module (``_speedups``) the same steps run in one C
+call at enter and one at exit (``_enter_compiled``/``_exit_compiled`` below). Everything else
+(resolving events, statistics, reports) happens when a sample is harvested (every
+HARVEST_BATCH exits, without blocking) or when a report is asked.
 """
 
 from __future__ import annotations
@@ -807,7 +809,9 @@ class Timer:
         device). Each other stream of the start device gets its own end event; the sample's GPU
         time runs to the latest of them. No stream waits on another: only events are recorded.
         """
-        end = _take_recorded(entry)
+        # torch's record, not the compiled one: the current device may have changed, and
+        # torch's record switches to the event's device first.
+        end = entry.take_recorded()
         extra = []
         covered = {entry.key}
         key = _get_stream(_CURRENT_DEVICE)
