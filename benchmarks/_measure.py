@@ -12,7 +12,8 @@ import os
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,29 +176,37 @@ def calibrate_iters(wl: Workload, min_s: float = 0.3, max_steps: int = 200) -> f
     return step_ms
 
 
-def _timed_block(wl: Workload, adapter: TimerAdapter, iters: int | None = None) -> float:
-    """One block: wrap, start the timer's session, warm up, time ``iters`` steps (default
-    ``wl.iters``), stop, unwrap. Milliseconds per iteration, GPU work included (synchronized
-    before and after)."""
-    iters = wl.iters if iters is None else iters
+@contextmanager
+def _session(wl: Workload, adapter: TimerAdapter) -> Iterator[None]:
+    """The workload wrapped by ``adapter`` with its session started (collected garbage first,
+    so no collection lands inside); stopped and unwrapped on the way out, also on errors."""
     undo = install(wl, adapter)
     try:
         gc.collect()
         adapter.start_round()
         try:
-            for _ in range(wl.warmup):
-                wl.step()
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                wl.step()
-            sync()
-            dt = time.perf_counter() - t0
+            yield
         finally:
             adapter.end_round()
     finally:
         if undo is not None:
             undo()
+
+
+def _timed_block(wl: Workload, adapter: TimerAdapter, iters: int | None = None) -> float:
+    """One block: wrap, start the timer's session, warm up, time ``iters`` steps (default
+    ``wl.iters``), stop, unwrap. Milliseconds per iteration, GPU work included (synchronized
+    before and after)."""
+    iters = wl.iters if iters is None else iters
+    with _session(wl, adapter):
+        for _ in range(wl.warmup):
+            wl.step()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            wl.step()
+        sync()
+        dt = time.perf_counter() - t0
     return dt * 1e3 / iters
 
 
@@ -336,21 +345,13 @@ def count_runtime_calls(wl: Workload, adapter: TimerAdapter, iters: int) -> dict
     that synchronize (and event queries/records). The timer's session and its resolution stay
     outside the profiled steps; diff against the unwrapped model to get the timer's own."""
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    undo = install(wl, adapter)
-    try:
-        adapter.start_round()
-        try:
-            wl.step()  # warm: pools filled, lazy state built, outside the count
-            sync()
-            with torch.profiler.profile(activities=acts) as prof:
-                for _ in range(iters):
-                    wl.step()
-            sync()
-        finally:
-            adapter.end_round()
-    finally:
-        if undo is not None:
-            undo()
+    with _session(wl, adapter):
+        wl.step()  # warm: pools filled, lazy state built, outside the count
+        sync()
+        with torch.profiler.profile(activities=acts) as prof:
+            for _ in range(iters):
+                wl.step()
+        sync()
     adapter.drain()
     counts = dict.fromkeys(SYNC_NAMES + OTHER_NAMES, 0)
     for evt in prof.key_averages():
@@ -458,24 +459,15 @@ def report_time(adapter: TimerAdapter, device: str, samples: int) -> dict[str, A
 def _loop_then_resolve(wl: Workload, adapter: TimerAdapter, iters: int) -> tuple[float, float]:
     """``iters`` steps (GPU work included), then the timer's resolution (a report would do it);
     seconds of each. Freeing what it kept happens after, outside both clocks."""
-    undo = install(wl, adapter)
-    try:
-        gc.collect()
-        adapter.start_round()
-        try:
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                wl.step()
-            sync()
-            t1 = time.perf_counter()
-            adapter.resolve()
-            t2 = time.perf_counter()
-        finally:
-            adapter.end_round()
-    finally:
-        if undo is not None:
-            undo()
+    with _session(wl, adapter):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            wl.step()
+        sync()
+        t1 = time.perf_counter()
+        adapter.resolve()
+        t2 = time.perf_counter()
     adapter.drain()
     return t1 - t0, t2 - t1
 

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from ._hist import Histogram
-from ._records import RegionStats, Summary, only_row
+from ._records import RegionStats, Summary, find_row, only_row, row_names
 
 __all__ = ["RankSummary", "RankedRegion", "clock_kind"]
 
@@ -225,17 +225,14 @@ class RankSummary:
 
     def get(self, name: str, clock: str | None = None) -> RankedRegion | None:
         """The row of ``name`` on clock kind ``clock`` ("cuda"/"host", any if None), or None."""
-        for r in self.regions:
-            if r.name == name and (clock is None or r.clock == clock_kind(clock)):
-                return r
-        return None
+        return find_row(self.regions, name, None if clock is None else clock_kind(clock))
 
     def __contains__(self, name: object) -> bool:
         return any(r.name == name for r in self.regions)
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(r.name for r in self.regions))
+        return row_names(self.regions)
 
     def rank(self, rank: int) -> Summary:
         """The Summary of ``rank``; KeyError for a rank that is not in the report."""

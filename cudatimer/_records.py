@@ -36,6 +36,16 @@ def only_row(rows: tuple[R, ...], name: str, where: str = "") -> R:
     return found[0]
 
 
+def find_row(rows: tuple[R, ...], name: str, clock: str | None = None) -> R | None:
+    """The first row named ``name`` on ``clock`` (any clock if None), or None."""
+    return next((r for r in rows if r.name == name and clock in (None, r.clock)), None)
+
+
+def row_names(rows: tuple[R, ...]) -> tuple[str, ...]:
+    """Region names in first-appearance order, each once (a region may have several clocks)."""
+    return tuple(dict.fromkeys(r.name for r in rows))
+
+
 @dataclass(frozen=True)
 class RegionStats:
     """Statistics of one region path on one clock.
@@ -191,14 +201,11 @@ class Summary:
 
     def get(self, name: str, clock: str | None = None) -> RegionStats | None:
         """The record of ``name`` on ``clock`` (any clock if None), or None."""
-        for r in self.regions:
-            if r.name == name and (clock is None or r.clock == clock):
-                return r
-        return None
+        return find_row(self.regions, name, clock)
 
     def __contains__(self, name: object) -> bool:
         return any(r.name == name for r in self.regions)
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(r.name for r in self.regions))
+        return row_names(self.regions)

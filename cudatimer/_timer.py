@@ -399,27 +399,23 @@ def _exit_compiled(
         self.timer._exit(self, exc_type is None)
 
 
-_COMPILED = False
-
-
 def use_compiled(on: bool) -> bool:
     """Use the compiled hot path (``on``, where it was built) or the Python one; returns
     whether the compiled one is now in use. Applies to the next region entered; switch only
     while no region is open (a frame opened by one path is closed by the other's fallback,
     which handles it, but the switch is meant for tests and benchmarks)."""
-    global _COMPILED, _take_recorded
+    global _take_recorded
     active = bool(on) and _speedups is not None
     _cuda.set_compiled(active)
     _take_recorded = _cuda.take_recorded
     setattr(Region, "__enter__", _enter_compiled if active else _PY_ENTER)  # noqa: B010
     setattr(Region, "__exit__", _exit_compiled if active else _PY_EXIT)  # noqa: B010
-    _COMPILED = active
     return active
 
 
 def compiled() -> bool:
     """True when regions run the compiled hot path."""
-    return _COMPILED
+    return Region.__enter__ is _enter_compiled  # type: ignore[comparison-overlap]
 
 
 use_compiled(not PURE_PYTHON)

@@ -8,7 +8,6 @@ its NVTX calls. Its CUDA runtime calls are checked on the GPU (tests/gpu/test_gp
 from __future__ import annotations
 
 import shutil
-import sys
 import sysconfig
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import pytest
 import cudatimer
 from cudatimer import Timer, _cuda, _timer
 from tests.fake_cuda import FakeGPU, install
+from tests.subproc import run_python
 
 speedups: Any = _cuda._speedups
 needs_module = pytest.mark.skipif(speedups is None, reason="the compiled module is not built here")
@@ -48,21 +48,12 @@ def test_install_built_the_module() -> None:
 
 
 @needs_module
-def test_pure_python_switch_is_honoured(tmp_path: Path) -> None:
+def test_pure_python_switch_is_honoured() -> None:
     """CUDATIMER_PURE_PYTHON=1 keeps the compiled module unused; 0 uses it."""
-    import subprocess
-
     code = "import cudatimer; print(cudatimer.compiled())"
     for value, expected in (("1", "False"), ("0", "True")):
-        out = subprocess.run(
-            [sys.executable, "-c", code],
-            env={"CUDATIMER_PURE_PYTHON": value, "PATH": "/usr/bin:/bin"},
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).resolve().parents[1],
-        )
-        assert out.stdout.strip() == expected
+        out = run_python(code, {"CUDATIMER_PURE_PYTHON": value})
+        assert out.stdout.strip() == expected, out.stderr
 
 
 @needs_module

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import random
-import subprocess
-import sys
 import threading
 import time
 
@@ -16,6 +13,7 @@ import torch
 
 import cudatimer
 from cudatimer import Histogram, Timer
+from tests.subproc import run_python
 
 
 def names(summary: cudatimer.Summary) -> dict[str, int]:
@@ -316,13 +314,7 @@ def test_env_disable_makes_decorators_identity() -> None:
         "print('ok')\n"
     )
     for value in ("1", "true", "YES"):
-        out = subprocess.run(
-            [sys.executable, "-c", code],
-            env={**os.environ, "CUDATIMER_DISABLE": value},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        out = run_python(code, {"CUDATIMER_DISABLE": value})
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == "ok"
 
@@ -331,21 +323,9 @@ def test_env_disable_false_values_keep_timing() -> None:
     """CUDATIMER_DISABLE=0/false/no keep timing on; a bad value is a clear error."""
     code = "import cudatimer\nprint(cudatimer.is_enabled())\n"
     for value in ("0", "false", "no"):
-        out = subprocess.run(
-            [sys.executable, "-c", code],
-            env={**os.environ, "CUDATIMER_DISABLE": value},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        out = run_python(code, {"CUDATIMER_DISABLE": value})
         assert out.stdout.strip() == "True", out.stderr
-    bad = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "CUDATIMER_DISABLE": "maybe"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    bad = run_python(code, {"CUDATIMER_DISABLE": "maybe"})
     assert bad.returncode != 0 and "CUDATIMER_DISABLE" in bad.stderr
 
 

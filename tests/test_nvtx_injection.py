@@ -14,30 +14,17 @@ from types import ModuleType
 
 import pytest
 
-try:  # tests/ is not a package today; keep working if it becomes one
-    from nvtx_harness import (
-        REPO_ROOT,
-        HarnessUnavailable,
-        Record,
-        assert_balanced,
-        compile_shared,
-        injection_library,
-        ranges,
-        run_with_injection,
-        trace,
-    )
-except ImportError:  # pragma: no cover
-    from tests.nvtx_harness import (
-        REPO_ROOT,
-        HarnessUnavailable,
-        Record,
-        assert_balanced,
-        compile_shared,
-        injection_library,
-        ranges,
-        run_with_injection,
-        trace,
-    )
+from tests.nvtx_harness import (
+    REPO_ROOT,
+    HarnessUnavailable,
+    Record,
+    assert_balanced,
+    compile_shared,
+    injection_library,
+    ranges,
+    run_with_injection,
+    trace,
+)
 
 
 @pytest.fixture(scope="session")

@@ -6,9 +6,6 @@ from __future__ import annotations
 import io
 import logging
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 from tabulate import tabulate_formats
@@ -17,6 +14,7 @@ import cudatimer
 from cudatimer import Histogram, RegionStats, Summary, SyncSite
 from cudatimer._report import HOST_BOUND_RATIO, render, render_compare
 from tests.report_fixtures import assert_snapshot, gpu_run, gpu_run_after, host_run
+from tests.subproc import run_python
 
 
 def _rows(text: str) -> dict[str, list[str]]:
@@ -390,18 +388,6 @@ def test_reading_is_pure(tmp_path: object) -> None:
 
 
 # -- report at exit --------------------------------------------------------------------------------
-def _run_python(code: str, env_extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, **env_extra)
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    )
-
-
 _AT_EXIT_SCRIPT = """
     import cudatimer
     with cudatimer.cuda_region("exit-region"):
@@ -412,7 +398,7 @@ _AT_EXIT_SCRIPT = """
 
 def test_report_at_exit_opt_in() -> None:
     """CUDATIMER_REPORT_AT_EXIT=1 prints the report on stderr at exit; stdout is untouched."""
-    done = _run_python(_AT_EXIT_SCRIPT, {"CUDATIMER_REPORT_AT_EXIT": "1"})
+    done = run_python(_AT_EXIT_SCRIPT, {"CUDATIMER_REPORT_AT_EXIT": "1"})
     assert done.returncode == 0, done.stderr
     assert done.stdout == "program output\n"
     assert "cudatimer report (timer 'default')" in done.stderr
@@ -421,7 +407,7 @@ def test_report_at_exit_opt_in() -> None:
 
 def test_no_report_at_exit_by_default() -> None:
     """Without the variable nothing is printed at exit."""
-    done = _run_python(_AT_EXIT_SCRIPT, {"CUDATIMER_REPORT_AT_EXIT": "0"})
+    done = run_python(_AT_EXIT_SCRIPT, {"CUDATIMER_REPORT_AT_EXIT": "0"})
     assert done.returncode == 0, done.stderr
     assert "exit-region" not in done.stderr
 
@@ -442,6 +428,6 @@ def test_report_at_exit_never_hangs() -> None:
         threading.Thread(target=hold, daemon=True).start()
         held.wait()
     """
-    done = _run_python(code, {"CUDATIMER_REPORT_AT_EXIT": "1"})
+    done = run_python(code, {"CUDATIMER_REPORT_AT_EXIT": "1"})
     assert done.returncode == 0, done.stderr
     assert "did not finish within 0.5 s" in done.stderr
