@@ -85,8 +85,10 @@ def variants(device: str) -> dict[str, Callable[[], AbstractContextManager[objec
     out["cudatimer-py"] = lambda: full.region("layer")
     held = full.region("layer")
     out["cudatimer-held"] = lambda: held  # the Region object kept, not looked up per call
-    deferred = cudatimer.Timer(name="deferred")
-    out["deferred"] = lambda: deferred.region("layer")  # harvesting held off (see run())
+    notrace = cudatimer.Timer(name="notrace", trace_samples=0)
+    out["no-trace"] = lambda: notrace.region("layer")
+    notrace32 = cudatimer.Timer(name="notrace32", trace_samples=0)
+    out["no-trace-b32"] = lambda: notrace32.region("layer")
     out["events-only"] = lambda: events.region("layer")
     out["nvtx-only"] = lambda: nvtx_only.region("layer")
     out["disabled"] = lambda: off.region("layer")
@@ -107,14 +109,14 @@ def main() -> None:
     from cudatimer import _cuda, _timer
 
     def run(make: Callable[[], AbstractContextManager[object]], iters: int) -> float:
-        deferred = make is vs.get("deferred")
         pure = make is vs.get("cudatimer-py")
+        b32 = make is vs.get("no-trace-b32")
+        batch = _cuda.HARVEST_BATCH
+        if b32:
+            _cuda.HARVEST_BATCH = 32
         compiled = _timer.compiled()
         if pure:
             _timer.use_compiled(False)
-        if deferred:
-            for entry in _cuda.BACKEND.entries.values():
-                entry.check_at = 10**9
         sync()
         t0 = time.perf_counter()
         for _ in range(iters):
@@ -126,10 +128,7 @@ def main() -> None:
         dt = (time.perf_counter() - t0) / iters
         if pure:
             _timer.use_compiled(compiled)
-        if deferred:  # resolve outside the timed part, then let harvesting work again
-            cudatimer.Timer.summary(make().timer)  # type: ignore[attr-defined]
-            for entry in _cuda.BACKEND.entries.values():
-                entry.check_at = len(entry.pending) + _cuda.HARVEST_BATCH
+        _cuda.HARVEST_BATCH = batch
         return dt
 
     for make in vs.values():  # warm-up: pools, stream entries, cuBLAS
@@ -219,31 +218,36 @@ def split(n: int) -> None:
     """Hot path alone (harvesting held off) and resolution per sample, for two Timer setups."""
     from cudatimer import _cuda
 
-    for label, kwargs in (
-        ("defaults", {}),
-        ("no steps, no trace", {"keep_steps": 0, "trace_samples": 0}),
-    ):
-        t = cudatimer.Timer(name=f"split-{label}", **kwargs)
-        r = t.region("m")
-        entry = None
-        for _ in range(2):  # the first pass fills the event pool, the second is measured
-            with r:
-                pass
-            entry = _cuda.BACKEND.entries[torch._C._cuda_getCurrentStream(-1)]
-            entry.check_at = 10**9  # no harvesting inside the timed loop
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(n):
+    batch = _cuda.HARVEST_BATCH
+    _cuda.HARVEST_BATCH = 10**9  # read by both paths when they set their next harvest point
+    try:
+        for label, kwargs in (
+            ("defaults", {}),
+            ("no steps, no trace", {"keep_steps": 0, "trace_samples": 0}),
+        ):
+            t = cudatimer.Timer(name=f"split-{label}", **kwargs)
+            r = t.region("m")
+            for _ in range(2):  # the first pass fills the event pool, the second is measured
                 with r:
                     pass
-            hot = (time.perf_counter() - t0) / n * 1e6
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            t.summary()
-            resolve = (time.perf_counter() - t0) / n * 1e6
-        assert entry is not None
-        entry.check_at = len(entry.pending) + _cuda.HARVEST_BATCH
-        print(f"split {label:<20} enter+exit {hot:6.3f} us   resolution {resolve:6.3f} us/sample")
+                t.summary()  # a harvest: the next one is HARVEST_BATCH samples away
+                for entry in _cuda.BACKEND.entries.values():
+                    entry.check_at = 10**9
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    with r:
+                        pass
+                hot = (time.perf_counter() - t0) / n * 1e6
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                t.summary()
+                resolve = (time.perf_counter() - t0) / n * 1e6
+            print(f"split {label:<20} enter+exit {hot:6.3f} us   "
+                  f"resolution {resolve:6.3f} us/sample")
+    finally:
+        _cuda.HARVEST_BATCH = batch
+        t.summary()
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ._hist import HistBuilder
+from ._hist import _INV_LOG_GAMMA
 
 _speedups: Any
 try:
@@ -174,18 +174,23 @@ RUNTIME_BOUND: bool = _speedups is not None and bool(_speedups.load())
 #: (``set_compiled``, from ``_timer.use_compiled``, rebinds them).
 take_recorded: Any = StreamEntry.take_recorded
 elapsed_ms: Any = _elapsed_py
-#: The harvest loop (``_speedups.resolve``), or None for the Python loop.
-resolve: Any = None
+#: True while the compiled hot path is in use (its device records are kept up to date).
+COMPILED = False
 
 
 def set_compiled(on: bool) -> None:
-    """Record and read events through the compiled module (when it is bound) or in Python;
-    harvest with its loop (it reads fake events through their Python methods too)."""
-    global take_recorded, elapsed_ms, resolve
+    """Record and read events of the general paths through the compiled module (when it is
+    bound) or in Python; ``on`` also tells the Backend to keep the compiled path's device
+    records (default streams) up to date."""
+    global take_recorded, elapsed_ms, COMPILED
     bound = on and RUNTIME_BOUND and _speedups is not None
     take_recorded = _speedups.take_record if bound else StreamEntry.take_recorded
     elapsed_ms = _speedups.elapsed_ms if bound else _elapsed_py
-    resolve = _speedups.resolve if on and _speedups is not None else None
+    COMPILED = bool(on) and _speedups is not None
+    # Device records stay either way: samples the compiled path still has pending are
+    # resolved by the next report whichever path is in use then.
+    for entry in list(BACKEND.entries.values()):
+        BACKEND.register(entry)
 
 
 _pools: dict[int, list[Any]] = {}
@@ -217,8 +222,7 @@ def resolve_one(entry: StreamEntry, sample: tuple[Any, ...]) -> bool:
     """Resolve one finished sample of ``entry`` (caller holds LOCK): GPU time, then the owning
     Timer records it; its events go back to the pool unless the trace window keeps them.
     False when it is not readable yet: it is put back first in line, and harvesting stops.
-    The compiled ``_speedups.resolve`` does the same for plain samples and calls this one for
-    samples that ended on several streams."""
+    The compiled path resolves its own samples in C (``_speedups.c``, ``harvest``)."""
     node, start, end, t0, t1, step, tid = sample
     rest: list[Any] = []
     try:
@@ -246,6 +250,29 @@ def resolve_one(entry: StreamEntry, sample: tuple[Any, ...]) -> bool:
 
 class Backend:
     """Process-wide CUDA state shared by every Timer (streams and pools are per process)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The compiled path reads its own copies of these two (no attribute lookup per region).
+        object.__setattr__(self, name, value)
+        if _speedups is not None:
+            if name == "state":
+                _speedups.set_usable(value == USABLE)
+                if value == USABLE:
+                    _trust_c10()
+            elif name == "entries":
+                _speedups.forget_streams()
+
+    def register(self, entry: StreamEntry) -> None:
+        """Hand a default stream's entry to the compiled path (where it is in use)."""
+        key = entry.key
+        if (
+            COMPILED
+            and key[0] == 0
+            and key[2] == 1
+            and self.entries.get(key) is entry
+            and not _speedups.has_stream(entry)
+        ):
+            _speedups.add_stream(entry)
 
     def __init__(self) -> None:
         self.state = UNDECIDED if _HAS_CUDA_BUILD else UNUSABLE
@@ -279,6 +306,7 @@ class Backend:
         e = self.entries.get(key)
         if e is None:
             e = self.entries[key] = StreamEntry(key)
+        self.register(e)
         return e
 
     def current_entry(self) -> StreamEntry | None:
@@ -292,8 +320,7 @@ class Backend:
         key = _get_stream(CURRENT_DEVICE)  # type: ignore[misc]
         if key[0] != 0 and _is_capturing is not None and _is_capturing():
             return None
-        e = self.entries.get(key)
-        return e if e is not None else self.entry(key)
+        return self.entry(key)
 
     def clock_now(self, events: bool) -> str:
         """The clock a region entered now would be timed on (counting calls not timed)."""
@@ -322,12 +349,9 @@ class Backend:
                     else:
                         hi = mid
                 ready = lo
-            if resolve is not None:
-                resolve(entry, ready, resolve_one)
-            else:
-                for _ in range(ready):
-                    if not resolve_one(entry, pend.popleft()):
-                        break
+            for _ in range(ready):
+                if not resolve_one(entry, pend.popleft()):
+                    break
         entry.check_at = len(pend) + HARVEST_BATCH
 
     def try_harvest(self, entry: StreamEntry) -> None:
@@ -364,10 +388,13 @@ class Backend:
             for entry in list(self.entries.values()):
                 self.harvest(entry)
                 left += len(entry.pending)
+            if _speedups is not None:
+                left += _speedups.drain(max(0.0, deadline - time.monotonic()))
         return left
 
     def pending_count(self) -> int:
-        return sum(len(e.pending) for e in self.entries.values())
+        n = sum(len(e.pending) for e in self.entries.values())
+        return n + (_speedups.pending() if _speedups is not None else 0)
 
     # -- fork and exit ----------------------------------------------------------------------
     def after_fork_in_child(self) -> None:
@@ -381,6 +408,8 @@ class Backend:
             # holds moves to a graveyard that is never freed (an event's destructor would call
             # into the dead context and print a CUDA warning per event at the child's exit).
             self._graveyard.append((dict(self.entries), dict(_pools)))
+            if _speedups is not None:
+                self._graveyard.append(_speedups.forget_streams(True))
             self.entries.clear()  # the same dict object: the hot path holds a reference to it
             _pools.clear()
             self.state = UNUSABLE
@@ -402,6 +431,8 @@ class Backend:
         for timer in list(_TIMERS):
             self._graveyard.append(timer._trace)
             timer._trace = type(timer._trace)()
+            if timer._core is not None:
+                self._graveyard.append(timer._core.collect())
             stack = timer._local.stack
             for i, frame in enumerate(stack):
                 if isinstance(frame[2], StreamEntry):
@@ -421,13 +452,27 @@ class Backend:
             if not self.forked:  # a forked child must never destroy the parent's events
                 for entry in self.entries.values():
                     entry.pending.clear()
+                if _speedups is not None:
+                    _speedups.clear_pending()
         finally:
             LOCK.release()
 
 
-BACKEND = Backend()
+def _trust_c10() -> None:
+    """Let the compiled path read the current stream from c10 only if it reads what torch
+    does (checked once, when CUDA becomes usable)."""
+    if _speedups is None or _get_stream is None:
+        return
+    try:
+        ours = _speedups.current_stream()
+        _speedups.trust_current_stream(ours is not None and tuple(ours) == tuple(_get_stream(-1)))
+    except Exception:  # any doubt: torch's own call is used
+        _speedups.trust_current_stream(False)
+
+
 if _speedups is not None:
-    _speedups.configure(BACKEND, USABLE, StreamEntry, Ends, HistBuilder.FOLD)
+    _speedups.configure(globals(), _get_stream, _INV_LOG_GAMMA)
+BACKEND = Backend()
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=BACKEND.after_fork_in_child)

@@ -167,6 +167,29 @@ class HistBuilder:
             buckets[index] = buckets.get(index, 0) + n
         self.raw = array("d")
 
+    def merge_counts(
+        self,
+        count: int,
+        total: float,
+        lo: float,
+        hi: float,
+        zeros: int,
+        buckets: Iterable[tuple[int, int]],
+    ) -> None:
+        """Add a distribution kept elsewhere (the compiled harvest's) with the same buckets."""
+        if not count:
+            return
+        self.count += count
+        self.total += total
+        if lo < self.min:
+            self.min = lo
+        if hi > self.max:
+            self.max = hi
+        self.zeros += zeros
+        mine = self.buckets
+        for index, n in buckets:
+            mine[index] = mine.get(index, 0) + n
+
     def freeze(self) -> Histogram:
         self.fold()
         return Histogram(

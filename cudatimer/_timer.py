@@ -5,8 +5,8 @@ Per-call state lives on a per-thread stack of tuples, never on a shared object, 
 per region: a thread-local read, a dict lookup for the path, an NVTX push/pop with cached
 attributes, one stream lookup (a tuple from C, a dict hit), two pooled event records on that
 stream, two host clock reads and a deque append. No synchronisation, no allocation of events,
-no Python Stream objects. With the compiled module (``_speedups``) the same steps run in one C
-call at enter and one at exit (``_enter_compiled``/``_exit_compiled`` below). Everything else
+no Python Stream objects. With the compiled module (``_speedups``) the same steps run in C:
+Region's base type supplies ``__enter__``/``__exit__`` (see ``use_compiled``). Everything else
 (resolving events, statistics, reports) happens when a sample is harvested (every
 HARVEST_BATCH exits, without blocking) or when a report is asked.
 """
@@ -17,6 +17,7 @@ import contextlib
 import itertools
 import logging
 import os
+import sys
 import threading
 import time
 import warnings
@@ -152,7 +153,22 @@ class _Stack(list):  # type: ignore[type-arg]
 
 class _Local(threading.local):
     def __init__(self) -> None:
-        self.stack: _Stack = _Stack()
+        # The compiled path keeps its frames in a C Stack (a list of tuples to Python code).
+        self.stack: Any = _speedups.Stack() if compiled() else _Stack()
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of warnings.warn that points at the first frame outside cudatimer
+    (the compiled and Python hooks put a different number of frames in between)."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and os.path.dirname(frame.f_code.co_filename) == _PACKAGE_DIR:
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
 
 
 def _check_name(name: object, what: str = "name") -> str:
@@ -199,7 +215,12 @@ def _check_streams(streams: object) -> tuple[tuple[tuple[int, int, int], Any], .
     return tuple(keys)
 
 
-class Region:
+# With the compiled module, Region's __enter__/__exit__ come from its C base (one C call each,
+# no Python frame); use_compiled() switches between those and the Python ones below.
+_RegionBase: Any = _speedups.RegionBase if _speedups is not None else object
+
+
+class Region(_RegionBase):  # type: ignore[misc]
     """A named region of a Timer: a context manager and a decorator.
 
     One Region object serves every call (state of each call lives on the calling thread's
@@ -262,6 +283,15 @@ class Region:
         self.counter: Any = timer._sampler(name, every) if every != 1 else None
         # Decided once: may this region take the inlined hot path of __enter__/__exit__?
         self.fast = self.events and not streams and every == 1
+        if _speedups is not None:
+            self._bind(
+                timer._core,
+                self.fast,
+                name,
+                self.domain.push if self.nvtx else None,
+                self.attrs,
+                self.domain.pop if self.nvtx else None,
+            )
 
     # The hot path. Enter and exit are written out here, for the common case (a timing region
     # with no side streams, its Timer on, CUDA in use, the default stream or a known one),
@@ -375,47 +405,35 @@ class _NullRegion:
 
 NULL_REGION = _NullRegion()
 
-# The compiled hot path. Region.__enter__/__exit__ above are the Python one; with the compiled
-# module they are replaced by these two, each one C call that does the same work for the
-# common case (or returns False, and the general Timer._enter/_exit runs). Measured on an
-# H200 with the records faked out, the Python enter+exit costs ~3 us around its two records.
+# The compiled hot path: RegionBase.__enter__/__exit__ (C) do the common case of the Python
+# hooks above in one C call each, with the stack, statistics and harvest of that case in C
+# (see _speedups.c), and call Timer._enter/_exit for everything else.
 _PY_ENTER = Region.__enter__
 _PY_EXIT = Region.__exit__
 
 
-def _enter_compiled(self: Region) -> Region:
-    if not _speedups.fast_enter(self, _ENTRIES, _get_stream):
-        self.timer._enter(self)
-    return self
-
-
-def _exit_compiled(
-    self: Region,
-    exc_type: type[BaseException] | None,
-    exc: BaseException | None,
-    tb: TracebackType | None,
-) -> None:
-    if not _speedups.fast_exit(self, _get_stream):
-        self.timer._exit(self, exc_type is None)
-
-
 def use_compiled(on: bool) -> bool:
     """Use the compiled hot path (``on``, where it was built) or the Python one; returns
-    whether the compiled one is now in use. Applies to the next region entered; switch only
-    while no region is open (a frame opened by one path is closed by the other's fallback,
-    which handles it, but the switch is meant for tests and benchmarks)."""
+    whether the compiled one is now in use. Applies to regions entered from now on, on threads
+    (and Timers) whose stack is made from now on; switch only while no region is open. Meant for
+    tests and benchmarks."""
     global _take_recorded
     active = bool(on) and _speedups is not None
     _cuda.set_compiled(active)
     _take_recorded = _cuda.take_recorded
-    setattr(Region, "__enter__", _enter_compiled if active else _PY_ENTER)  # noqa: B010
-    setattr(Region, "__exit__", _exit_compiled if active else _PY_EXIT)  # noqa: B010
+    if active:
+        for hook in ("__enter__", "__exit__"):
+            if hook in Region.__dict__:
+                delattr(Region, hook)
+    else:
+        setattr(Region, "__enter__", _PY_ENTER)  # noqa: B010
+        setattr(Region, "__exit__", _PY_EXIT)  # noqa: B010
     return active
 
 
 def compiled() -> bool:
     """True when regions run the compiled hot path."""
-    return Region.__enter__ is _enter_compiled  # type: ignore[comparison-overlap]
+    return _speedups is not None and "__enter__" not in Region.__dict__
 
 
 use_compiled(not PURE_PYTHON)
@@ -463,6 +481,12 @@ class Timer:
         self.clock: Clock = clock
         self._enabled = enabled
         self._local = _Local()
+        # The compiled path's side of this Timer: switches, statistics and samples it records.
+        self._core: Any = None
+        if _speedups is not None:
+            self._core = _speedups.Core(self._local, keep_steps, trace_samples)
+        if self._core is not None:
+            self._core.enabled = enabled
         self._gen = 0
         self._root = _Node(self, "", None)
         self._regions: dict[str, Region] = {}
@@ -626,10 +650,14 @@ class Timer:
                 stacklevel=2,
             )
         self._enabled = True
+        if self._core is not None:
+            self._core.enabled = True
 
     def disable(self) -> None:
         """Stop timing: regions entered from now on do no timing and emit no NVTX."""
         self._enabled = False
+        if self._core is not None:
+            self._core.enabled = False
 
     @property
     def enabled(self) -> bool:
@@ -655,6 +683,8 @@ class Timer:
     def step(self) -> int:
         """Mark an iteration boundary; returns the new step number."""
         self._step += 1
+        if self._core is not None:
+            self._core.step = self._step
         return self._step
 
     # -- the hot path ---------------------------------------------------------------------------
@@ -872,7 +902,7 @@ class Timer:
         """Warn once per region and kind, pointing at the line that closed the region."""
         if not r.warned & bit:
             r.warned |= bit
-            warnings.warn(message, RuntimeWarning, stacklevel=6)
+            warnings.warn(message, RuntimeWarning, stacklevel=_user_stacklevel())
 
     def _record(
         self,
@@ -929,6 +959,55 @@ class Timer:
             series = per_step[key] = (array("d"), array("d"))
         node.last = (step, clock, series)
         return series
+
+    def _absorb(self) -> None:
+        """Take in what the compiled harvest recorded (caller holds LOCK): statistics merged
+        per node and clock, per-step samples and trace samples as ``_record`` keeps them."""
+        if self._core is None:
+            return
+        stats, series, trace = self._core.collect()
+        gen = self._gen
+        for node, device, calls, gpu, cpu in stats:
+            if node.gen != gen:
+                continue
+            clock = f"cuda:{device}"
+            acc = node.stats.get(clock)
+            if acc is None:
+                acc = node.stats[clock] = _Acc()
+            acc.calls += calls
+            acc.gpu.merge_counts(*gpu)
+            acc.cpu.merge_counts(*cpu)
+        for node, device, step, gpu_ms, cpu_ms in series:
+            if node.gen != gen or not self.keep_steps:
+                continue
+            clock = f"cuda:{device}"
+            last = node.last
+            if last is not None and last[0] == step and last[1] == clock:
+                values = last[2]
+            else:
+                values = self._series(node, clock, step)
+            values[0].append(gpu_ms)
+            values[1].append(cpu_ms)
+        if not trace:
+            return
+        # The trace window keeps the last ``trace_samples`` samples by exit time (the order the
+        # Python harvest appends them in), whichever path recorded them.
+        kept = [
+            (node.path, entry.clock, entry, start, end, t0, cpu_ms, step, tid)
+            for node, entry, start, end, t0, cpu_ms, step, tid in trace
+            if node.gen == gen and entry is not None
+        ]
+        merged = sorted([*self._trace, *kept], key=lambda s: s[5] + s[6] * 1e6)
+        cut = max(0, len(merged) - self.trace_samples)
+        for old in merged[:cut]:
+            if old[2] is not None:
+                old[2].pool.append(old[3])
+                old[2].pool.append(old[4])
+        self._trace = deque(merged[cut:])
+        for node, entry, start, end, *_ in trace:
+            if (node.gen != gen) and entry is not None:
+                entry.pool.append(start)
+                entry.pool.append(end)
 
     def _note_sync(self, kind: str, location: str) -> bool:
         """Count one host-device synchronisation against the innermost region open on this
@@ -1005,6 +1084,7 @@ class Timer:
         _steps.select(self._step, None, self.keep_steps, **window_args)  # bad input fails early
         _BACKEND.drain(float(timeout_s))
         with _LOCK:
+            self._absorb()
             window = _steps.select(
                 self._step, _steps.oldest_kept(self), self.keep_steps, **window_args
             )
@@ -1035,7 +1115,7 @@ class Timer:
                 for e in _BACKEND.entries.values()
                 for sample in list(e.pending)
                 if sample[0].owner is self
-            )
+            ) + (self._core.pending() if self._core is not None else 0)
             sites = tuple(
                 SyncSite(location=loc, kind=kind, region=path, count=n)
                 for (loc, kind, path), n in sorted(
@@ -1111,6 +1191,9 @@ class Timer:
                     old[2].pool.append(old[3])
                     old[2].pool.append(old[4])
             self._trace = deque()
+            if self._core is not None:
+                self._core.reset(self._gen)
+                self._core.step = 0
 
     # -- data and exports (reading only: none of these clears anything) ------------------------
     def step_series(

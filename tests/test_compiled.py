@@ -108,7 +108,7 @@ def test_elapsed_falls_back_to_torch_semantics() -> None:
 
 def test_compiled_path_records_like_python(gpu: FakeGPU) -> None:
     """Nested regions through the compiled hooks: same paths, GPU and host times."""
-    assert _timer.Region.__enter__ is _timer._enter_compiled
+    assert _timer.compiled() and "__enter__" not in _timer.Region.__dict__
     timer = Timer(name="c")
     before = time.perf_counter_ns()
     with timer.region("outer"):
@@ -137,11 +137,31 @@ def test_compiled_exit_failure_pops_frame_and_raises(gpu: FakeGPU) -> None:
 
     region = timer.region("r")
     region.__enter__()
+    speedups.pooled(entry, True)  # the compiled pool's events back to entry.pool: none left
     entry.pool.clear()
     entry.make_event = boom
     with pytest.raises(RuntimeError, match="no more events"):
         region.__exit__(None, None, None)
     assert timer._local.stack == []
+
+
+def test_switching_paths_keeps_pending_samples(gpu: FakeGPU) -> None:
+    """Samples still on the GPU when the path is switched are reported, not dropped."""
+    timer = Timer(name="switch")
+    with timer.region("warm"):  # the stream's first region sets it up (general path)
+        pass
+    gpu.hold()
+    for _ in range(5):
+        with timer.region("r"):
+            gpu.run(1.0)
+    assert timer._core.pending() == 5
+    _timer.use_compiled(False)
+    with timer.region("r"):
+        gpu.run(1.0)
+    _timer.use_compiled(True)
+    gpu.release()
+    s = timer.summary()
+    assert s["r"].calls == 6 and s["r"].gpu.count == 6 and s.pending == 0
 
 
 def test_compiled_hooks_fall_back_for_disabled_and_side_streams(gpu: FakeGPU) -> None:
@@ -190,6 +210,7 @@ def test_compiled_path_under_nvtx_injection(tmp_path: Path) -> None:
         entry = next(iter(_cuda.BACKEND.entries.values()))
         def boom():
             raise RuntimeError("no events")
+        _cuda._speedups.pooled(entry, True)
         entry.pool.clear()
         entry.make_event = boom
         try:
@@ -257,7 +278,7 @@ def test_compiled_harvest_matches_python(monkeypatch: pytest.MonkeyPatch) -> Non
         for compiled in (True, False):
             with pytest.MonkeyPatch.context() as mp:
                 assert _timer.use_compiled(compiled) is compiled
-                assert (_cuda.resolve is not None) is compiled
+                assert _timer.compiled() is compiled
                 got[compiled] = _scenario(install(mp), mp)
     finally:
         _timer.use_compiled(was)

@@ -98,3 +98,84 @@ def test_compiled_records_are_seen_by_the_profiler_and_never_sync() -> None:
     assert counts.get("cudaEventRecord", 0) - base.get("cudaEventRecord", 0) == 200, counts
     for name in ("cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchronize"):
         assert counts.get(name, 0) == base.get(name, 0), (name, counts, base)
+
+
+def test_c10_stream_read_matches_torch() -> None:
+    """The compiled path reads the current stream from c10 only where it matches torch."""
+    timer = Timer(name="c10")
+    with timer.region("warm"):
+        pass
+    get = torch._C._cuda_getCurrentStream
+    assert speedups.current_stream() == get(-1)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert speedups.current_stream() == get(-1)
+        assert speedups.current_stream()[0] != 0
+    assert speedups.trust_current_stream(True) is True
+
+
+def test_default_stream_regions_take_the_compiled_path() -> None:
+    """Regions on the default stream are recorded by the C harvest (its pool and statistics),
+    and their frames are C frames; a side-stream region goes through Python and is exact too."""
+    timer = Timer(name="fast", trace_samples=8)
+    entry = _cuda.BACKEND.entry(torch._C._cuda_getCurrentStream(-1))
+    for _ in range(300):  # more than one harvest batch
+        with timer.region("r"):
+            torch.cuda._sleep(1000)
+    # Recorded by the C path: its samples since the last in-loop harvest wait in C.
+    assert timer._core.slots >= 1 and timer._core.pending() > 0
+    assert not any(s[0].owner is timer for s in entry.pending)  # none went through Python
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side), timer.region("side"):
+        sleep_ms(2)
+    s = timer.summary(trace=True)
+    assert s["r"].calls == 300 and s["r"].gpu.count == 300 and s.pending == 0
+    assert s["side"].calls == 1 and s["side"].gpu_total_ms == pytest.approx(2.0, rel=0.3)
+    assert len(s.trace) == 8 and all(t.gpu_ms is not None for t in s.trace)
+
+
+def test_threads_on_the_compiled_path_count_exactly() -> None:
+    """Four threads x 2000 nested regions on the default stream: exact counts, no lost frame."""
+    import threading
+
+    timer = Timer(name="threads")
+    x = torch.ones(16, device="cuda")
+
+    def work() -> None:
+        for _ in range(1000):
+            with timer.region("outer"), timer.region("inner"):
+                x.add_(1)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    s = timer.summary()
+    assert s["outer"].calls == 4000 and s["outer/inner"].calls == 4000
+    assert s["outer"].gpu.count == 4000 and s.open == 0
+
+
+def test_compiled_and_python_agree_on_steps_and_windows() -> None:
+    """Steps, windows and trace read the same through both paths on a real GPU."""
+    got = {}
+    for compiled in (True, False):
+        _timer.use_compiled(compiled)
+        try:
+            timer = Timer(name=f"steps-{compiled}", keep_steps=3, trace_samples=4)
+            for _ in range(5):
+                with timer.region("a"):
+                    sleep_ms(1)
+                    with timer.region("b"):
+                        sleep_ms(2)
+                timer.step()
+            s = timer.summary(last=2, step_stats=True, trace=True)
+            got[compiled] = (
+                [(r.name, r.calls, round(r.gpu_mean_ms, 1)) for r in s.regions],
+                [(t.step, t.name, t.calls) for t in s.step_stats],
+                [(t.name, t.step) for t in s.trace],
+            )
+        finally:
+            _timer.use_compiled(True)
+    assert got[True] == got[False]
+    assert got[True][0] == [("a", 2, 3.0), ("a/b", 2, 2.0)]
