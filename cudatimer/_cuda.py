@@ -259,8 +259,10 @@ class Backend:
                 _speedups.set_usable(value == USABLE)
                 if value == USABLE:
                     _trust_c10()
-            elif name == "entries":
+            elif name == "entries":  # a new set of streams (tests swap in a fake GPU's)
                 _speedups.forget_streams()
+                for entry in list(value.values()):
+                    self.register(entry)
 
     def register(self, entry: StreamEntry) -> None:
         """Hand a default stream's entry to the compiled path (where it is in use)."""
@@ -306,7 +308,7 @@ class Backend:
         e = self.entries.get(key)
         if e is None:
             e = self.entries[key] = StreamEntry(key)
-        self.register(e)
+            self.register(e)
         return e
 
     def current_entry(self) -> StreamEntry | None:
@@ -320,7 +322,8 @@ class Backend:
         key = _get_stream(CURRENT_DEVICE)  # type: ignore[misc]
         if key[0] != 0 and _is_capturing is not None and _is_capturing():
             return None
-        return self.entry(key)
+        e = self.entries.get(key)
+        return e if e is not None else self.entry(key)
 
     def clock_now(self, events: bool) -> str:
         """The clock a region entered now would be timed on (counting calls not timed)."""

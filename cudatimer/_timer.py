@@ -80,6 +80,15 @@ _W_DEVICE = 2
 _W_SIDE_DEVICE = 4
 
 
+def _release(sample: tuple[Any, ...]) -> None:
+    """Give a trace-window sample's two events back to its stream's pool (host-clock samples
+    have none)."""
+    entry = sample[2]
+    if entry is not None:
+        entry.pool.append(sample[3])
+        entry.pool.append(sample[4])
+
+
 class _Acc:
     """Running statistics of one region path on one clock."""
 
@@ -937,10 +946,7 @@ class Timer:
             return False
         ring = self._trace
         if len(ring) >= self.trace_samples:
-            old = ring.popleft()
-            if old[2] is not None:
-                old[2].pool.append(old[3])
-                old[2].pool.append(old[4])
+            _release(ring.popleft())
         ring.append((node.path, clock, entry, start, end, t0, cpu_ms, step, tid))
         return start is not None
 
@@ -978,36 +984,26 @@ class Timer:
             acc.gpu.merge_counts(*gpu)
             acc.cpu.merge_counts(*cpu)
         for node, device, step, gpu_ms, cpu_ms in series:
-            if node.gen != gen or not self.keep_steps:
-                continue
-            clock = f"cuda:{device}"
-            last = node.last
-            if last is not None and last[0] == step and last[1] == clock:
-                values = last[2]
-            else:
-                values = self._series(node, clock, step)
-            values[0].append(gpu_ms)
-            values[1].append(cpu_ms)
+            if node.gen == gen and self.keep_steps:
+                values = self._series(node, f"cuda:{device}", step)
+                values[0].append(gpu_ms)
+                values[1].append(cpu_ms)
         if not trace:
             return
+        kept = []
+        for node, entry, start, end, t0, cpu_ms, step, tid in trace:
+            sample = (node.path, entry and entry.clock, entry, start, end, t0, cpu_ms, step, tid)
+            if node.gen == gen and entry is not None:
+                kept.append(sample)
+            else:
+                _release(sample)
         # The trace window keeps the last ``trace_samples`` samples by exit time (the order the
         # Python harvest appends them in), whichever path recorded them.
-        kept = [
-            (node.path, entry.clock, entry, start, end, t0, cpu_ms, step, tid)
-            for node, entry, start, end, t0, cpu_ms, step, tid in trace
-            if node.gen == gen and entry is not None
-        ]
         merged = sorted([*self._trace, *kept], key=lambda s: s[5] + s[6] * 1e6)
         cut = max(0, len(merged) - self.trace_samples)
         for old in merged[:cut]:
-            if old[2] is not None:
-                old[2].pool.append(old[3])
-                old[2].pool.append(old[4])
+            _release(old)
         self._trace = deque(merged[cut:])
-        for node, entry, start, end, *_ in trace:
-            if (node.gen != gen) and entry is not None:
-                entry.pool.append(start)
-                entry.pool.append(end)
 
     def _note_sync(self, kind: str, location: str) -> bool:
         """Count one host-device synchronisation against the innermost region open on this
@@ -1187,9 +1183,7 @@ class Timer:
             self._steps = {}
             self._sync_sites = {}
             for old in self._trace:
-                if old[2] is not None:
-                    old[2].pool.append(old[3])
-                    old[2].pool.append(old[4])
+                _release(old)
             self._trace = deque()
             if self._core is not None:
                 self._core.reset(self._gen)
