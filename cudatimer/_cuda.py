@@ -43,6 +43,7 @@ except ImportError:  # not built (no C compiler at install): the Python path doe
     _speedups = None
 
 _cuda_mod: Any = torch.cuda
+_REAL_CUDA: Any = torch.cuda  # never replaced by the tests' fake GPU
 
 # Samples on one stream that wait before the hot path tries to harvest them. A check is one
 # query (0.23 us on the H200) when the GPU keeps up and log2(backlog) queries when it lags, so
@@ -465,6 +466,12 @@ def _trust_c10() -> None:
     """Let the compiled path read the current stream from c10 only if it reads what torch
     does (checked once, when CUDA becomes usable)."""
     if _speedups is None or _get_stream is None:
+        return
+    if not _REAL_CUDA.is_initialized():
+        # c10's getCurrentCUDAStream throws a C++ exception without a usable device, and one
+        # thrown through C aborts the process: only ask it once CUDA is really up (a fake GPU
+        # in the tests sets USABLE without it).
+        _speedups.trust_current_stream(False)
         return
     try:
         ours = _speedups.current_stream()
