@@ -399,7 +399,12 @@ def render_markdown(
         "",
         f"Device: {meta.get('device_name', 'n/a')}; torch {meta.get('torch')}; "
         f"Python {meta.get('python')}; {'smoke run' if meta.get('smoke') else 'full run'}; "
-        f"{meta.get('seconds', 0):.0f} s. GPU clocks as found (never locked or changed).",
+        f"{meta.get('seconds', 0):.0f} s. GPU clocks as found (never locked or changed)."
+        + (
+            f" Process pinned to CPU core {meta['pinned_cpu']}."
+            if meta.get("pinned_cpu") is not None
+            else ""
+        ),
         "",
         "## Overhead per workload",
         "",

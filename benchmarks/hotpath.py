@@ -1,17 +1,32 @@
 """Per-region cost of cudatimer's hot path against the floor, in the launch-bound loop.
 
-The loop is 48 x (Linear(256,256) + GELU), batch 32, fp32: ~40 us of CPU work per layer, so
-every microsecond a region adds shows. Variants run interleaved (A B C ... per round) and we
-take medians over rounds, because the same loop's floor moved 6-12 us per region between runs
-(measured on an H200). "added us/region" = (variant - none) / 48; "vs floor" divides that
-by the floor's.
+The loop is 48 x (Linear(256,256) + GELU), batch 32, fp32: ~35 us of CPU work per layer, so
+every microsecond a region adds shows. The same loop's time moves by 20-40% between blocks of
+100 ms (measured on an H200), far more than the differences we look for, so:
 
-    python benchmarks/hotpath.py --rounds 21 --iters 20
+- every round runs each variant once for ``--iters`` iterations (a few ms), in an order
+  rotated by one each round, and a variant's cost in a round is its time minus the unwrapped
+  loop's time in that same round (pairs a few ms apart see the same machine state);
+- the estimate is the 10% trimmed mean of those paired differences over hundreds of rounds
+  (a mean, not a median: a harvest lands in some blocks and not others, and its cost counts),
+  with a 95% bootstrap interval for each ratio to the floor (rounds resampled in pairs);
+- ``--pin CPU`` pins the process to one core (no migrations; the loop is single-threaded).
+
+"added us/region" = (variant - none) / regions per iteration; "vs floor" divides that by the
+floor's. ``--workload compute`` runs the compute-bound loop instead (16 x Linear(4096), batch
+8192, bf16), where the question is the slowdown, not the ratio to the floor.
+
+    python benchmarks/hotpath.py --rounds 400 --iters 3 --pin 5
+    python benchmarks/hotpath.py --workload compute --rounds 200 --iters 1 --pin 5
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import math
+import os
+import random
 import statistics
 import sys
 import time
@@ -25,8 +40,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cudatimer
 
 
-def build(device: str) -> tuple[list[torch.nn.Module], torch.Tensor]:
+def build(device: str, workload: str) -> tuple[list[torch.nn.Module], torch.Tensor]:
+    """launch: 48 x Linear(256,256), batch 32, fp32 (CPU-bound); compute: 16 x Linear(4096),
+    batch 8192, bf16 (GPU-bound: ~0.4 ms of matmul per layer on an H200)."""
     torch.manual_seed(0)
+    if workload == "compute":
+        bf16 = torch.bfloat16
+        big = [torch.nn.Linear(4096, 4096).to(device, bf16) for _ in range(16)]
+        return big, torch.randn(8192, 4096, device=device, dtype=bf16)
     layers = [torch.nn.Linear(256, 256).to(device) for _ in range(48)]
     return layers, torch.randn(32, 256, device=device)
 
@@ -87,21 +108,55 @@ def variants(device: str) -> dict[str, Callable[[], AbstractContextManager[objec
     out["cudatimer-held"] = lambda: held  # the Region object kept, not looked up per call
     notrace = cudatimer.Timer(name="notrace", trace_samples=0)
     out["no-trace"] = lambda: notrace.region("layer")
-    notrace32 = cudatimer.Timer(name="notrace32", trace_samples=0)
-    out["no-trace-b32"] = lambda: notrace32.region("layer")
+    plain = cudatimer.Timer(name="plain", trace_samples=0, keep_steps=0)
+    out["no-trace-steps"] = lambda: plain.region("layer")
     out["events-only"] = lambda: events.region("layer")
     out["nvtx-only"] = lambda: nvtx_only.region("layer")
     out["disabled"] = lambda: off.region("layer")
     return out
 
 
-def main() -> None:
+def trimmed_mean(values: list[float], cut: float = 0.1) -> float:
+    v = sorted(values)
+    k = int(len(v) * cut)
+    v = v[k : len(v) - k] or v
+    return sum(v) / len(v)
+
+
+def ratio_interval(
+    added: list[float], floor: list[float], rng: random.Random, draws: int = 400
+) -> tuple[float, float]:
+    """95% bootstrap interval of trimmed_mean(added) / trimmed_mean(floor), resampling rounds
+    (a round's two values stay together)."""
+    n = len(added)
+    ratios = []
+    for _ in range(draws):
+        idx = [rng.randrange(n) for _ in range(n)]
+        f = trimmed_mean([floor[i] for i in idx])
+        ratios.append(trimmed_mean([added[i] for i in idx]) / f if f > 0 else math.nan)
+    ratios.sort()
+    return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
+
+
+def mean_interval(values: list[float], rng: random.Random, draws: int = 400) -> tuple[float, float]:
+    """95% bootstrap interval of trimmed_mean(values), resampling rounds."""
+    n = len(values)
+    means = sorted(trimmed_mean([values[rng.randrange(n)] for _ in range(n)]) for _ in range(draws))
+    return means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
+
+
+def main() -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=21)
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=400)
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--pin", type=int, default=None, help="pin the process to this CPU core")
+    p.add_argument("--workload", choices=("launch", "compute"), default="launch")
     args = p.parse_args()
+    if args.pin is not None:
+        os.sched_setaffinity(0, {args.pin})
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    layers, x = build(device)
+    layers, x = build(device, args.workload)
+    n = len(layers)
     gelu = torch.nn.functional.gelu
     vs = variants(device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -110,10 +165,6 @@ def main() -> None:
 
     def run(make: Callable[[], AbstractContextManager[object]], iters: int) -> float:
         pure = make is vs.get("cudatimer-py")
-        b32 = make is vs.get("no-trace-b32")
-        batch = _cuda.HARVEST_BATCH
-        if b32:
-            _cuda.HARVEST_BATCH = 32
         compiled = _timer.compiled()
         if pure:
             _timer.use_compiled(False)
@@ -128,31 +179,59 @@ def main() -> None:
         dt = (time.perf_counter() - t0) / iters
         if pure:
             _timer.use_compiled(compiled)
-        _cuda.HARVEST_BATCH = batch
         return dt
 
     for make in vs.values():  # warm-up: pools, stream entries, cuBLAS
         run(make, 5)
-    times: dict[str, list[float]] = {k: [] for k in vs}
-    for _ in range(args.rounds):
-        for name, make in vs.items():
-            times[name].append(run(make, args.iters))
-    med = {k: statistics.median(v) for k, v in times.items()}
-    base = med["none"]
-    floor_add = (med["floor"] - base) / 48 if "floor" in med else float("nan")
-    print(f"device={torch.cuda.get_device_name() if device == 'cuda' else 'cpu'} "
-          f"torch={torch.__version__} rounds={args.rounds} iters={args.iters} "
-          f"compiled={_timer.compiled()} runtime_bound={_cuda.RUNTIME_BOUND}")
-    print(f"{'variant':<12} {'ms/iter':>9} {'slowdown':>9} {'us/region':>10} {'vs floor':>9} "
-          f"{'spread us/region':>18}")
-    for k, v in med.items():
-        add = (v - base) / 48 * 1e6
-        lo = (min(times[k]) - base) / 48 * 1e6
-        hi = (max(times[k]) - base) / 48 * 1e6
-        ok = floor_add == floor_add and floor_add > 0
-        ratio = add / (floor_add * 1e6) if ok else float("nan")
-        print(f"{k:<12} {v * 1e3:9.3f} {v / base:9.3f} {add:10.2f} {ratio:9.2f} "
-              f"{lo:8.2f}..{hi:<8.2f}")
+        run(make, 5)
+    keys = list(vs)
+    times: dict[str, list[float]] = {k: [] for k in keys}
+    gc.collect()
+    gc.freeze()  # no collection inside a block
+    gc.disable()
+    try:
+        for r in range(args.rounds):
+            k = r % len(keys)
+            for name in keys[k:] + keys[:k]:
+                times[name].append(run(vs[name], args.iters))
+    finally:
+        gc.enable()
+        gc.unfreeze()
+    base = times["none"]
+    added = {
+        k: [(a - b) / n * 1e6 for a, b in zip(v, base, strict=True)] for k, v in times.items()
+    }
+    floor = added.get("floor")
+    floor_us = trimmed_mean(floor) if floor else math.nan
+    rng = random.Random(0)
+    print(
+        f"device={torch.cuda.get_device_name() if device == 'cuda' else 'cpu'} "
+        f"torch={torch.__version__} workload={args.workload} rounds={args.rounds} "
+        f"iters={args.iters} pin={args.pin} "
+        f"compiled={_timer.compiled()} runtime_bound={_cuda.RUNTIME_BOUND}"
+    )
+    print(
+        f"unwrapped loop: {statistics.median(base) * 1e3:.3f} ms/iter (median); "
+        "added us/region: 10% trimmed mean of per-round paired differences"
+    )
+    print(
+        f"{'variant':<16} {'slowdown':>9} {'95% interval':>14} {'us/region':>10} "
+        f"{'vs floor':>9} {'95% interval':>14}"
+    )
+    for k in keys[1:]:
+        us = trimmed_mean(added[k])
+        if floor and k != "floor":
+            lo, hi = ratio_interval(added[k], floor, rng)
+            ci = f"{lo:.2f}-{hi:.2f}"
+        else:
+            ci = ""
+        slow = [a / b for a, b in zip(times[k], base, strict=True)]
+        s_lo, s_hi = mean_interval(slow, rng)
+        print(
+            f"{k:<16} {trimmed_mean(slow):9.4f} {f'{s_lo:.4f}-{s_hi:.4f}':>14} {us:10.2f} "
+            f"{us / floor_us:9.2f} {ci:>14}"
+        )
+    return str(args.workload)
 
 
 def micro(n: int = 20000) -> None:
@@ -243,14 +322,14 @@ def split(n: int) -> None:
                 t0 = time.perf_counter()
                 t.summary()
                 resolve = (time.perf_counter() - t0) / n * 1e6
-            print(f"split {label:<20} enter+exit {hot:6.3f} us   "
-                  f"resolution {resolve:6.3f} us/sample")
+            print(
+                f"split {label:<20} enter+exit {hot:6.3f} us   resolution {resolve:6.3f} us/sample"
+            )
     finally:
         _cuda.HARVEST_BATCH = batch
         t.summary()
 
 
 if __name__ == "__main__":
-    main()
-    if torch.cuda.is_available():
+    if main() == "launch" and torch.cuda.is_available():
         micro()

@@ -128,6 +128,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="regions before the summary() in the resolution check (20000)",
     )
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument(
+        "--pin-cpu",
+        type=int,
+        default=None,
+        help="pin the process to this CPU core (fewer migrations: the launch-bound loop's "
+        "block-to-block spread drops; the profiler-based timers' own threads then share it)",
+    )
     p.add_argument("--list", action="store_true", help="list workloads and timers, then exit")
     p.add_argument(
         "--child",
@@ -138,6 +145,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         + " as peers; writes <out>/<timer>_process.json (the suite starts it)",
     )
     args = p.parse_args(argv)
+    if args.pin_cpu is not None:
+        os.sched_setaffinity(0, {args.pin_cpu})
     all_keys = tuple(s.key for s in TIMERS)
     try:
         args.workload_list = _csv(args.workloads, _workloads.WORKLOADS, "workload")
@@ -180,6 +189,7 @@ def _meta(args: argparse.Namespace, device: str) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "git_commit": commit or None,
         "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI"),
+        "pinned_cpu": args.pin_cpu,
         "versions": {
             d: _version(d)
             for d in (

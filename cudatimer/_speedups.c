@@ -65,7 +65,8 @@ static PyObject *str_event_id;
 static PyObject *str_take_recorded;
 static PyObject *str_elapsed_time;
 static PyObject *str_record, *str_query, *str_stack, *str_timer, *str_enter, *str_exit,
-    *str_child, *str_gen, *str_get_stream, *str_batch, *str_stream, *str_clock, *str_device;
+    *str_child, *str_gen, *str_get_stream, *str_batch, *str_ref, *str_ref_ns, *str_stream,
+    *str_clock, *str_device;
 
 #ifdef CUDATIMER_HAVE_DL
 static void
@@ -310,6 +311,8 @@ typedef struct {
     PyObject *node; /* the Python _Node (strong) */
     int64_t gen;    /* node.gen: samples of a node older than the Timer's gen are dropped */
     DevStats *stats;
+    int64_t count_step; /* per-step samples of this node kept for count_step (see cap) */
+    Py_ssize_t count;
 } Slot;
 
 typedef struct {
@@ -319,8 +322,10 @@ typedef struct {
 } SeriesItem;
 
 typedef struct {
-    int32_t slot, dev;
-    EvRef s, e;
+    int32_t slot;
+    PyObject *entry; /* StreamEntry (strong): the stream and clock of gpu_at_ns */
+    double gpu_at_ns; /* GPU start on the host clock (NAN: unreadable, host span only) */
+    double gpu_ms;
     int64_t t0, step;
     double cpu_ms;
     unsigned long tid;
@@ -338,6 +343,9 @@ typedef struct {
     SeriesItem *series;
     Py_ssize_t nseries, series_cap, series_limit;
     int64_t max_step;
+    Py_ssize_t step_cap; /* _steps.STEP_SAMPLE_CAP: per node and step */
+    int64_t *over;       /* steps where a node passed step_cap (Python drops their samples) */
+    Py_ssize_t nover, over_cap;
     TraceItem *trace; /* ring of trace_samples */
     Py_ssize_t trace_first, ntrace;
 } CoreObj;
@@ -362,6 +370,12 @@ typedef struct {
     Py_ssize_t pfirst, pn, pcap; /* pending items pend[pfirst .. pfirst+pn) */
     Py_ssize_t check_at;
     int harvesting;
+    /* Trace placement: GPU starts are read against an anchor event whose position (anchor_ms
+     * after entry.ref, recorded at host time ref_ns) is known; see place(). */
+    EvRef anchor;
+    int anchor_is_ref; /* the anchor is entry.ref itself, never pooled */
+    double anchor_ms;
+    int64_t ref_ns;
 } DevRec;
 
 static DevRec *devs[MAX_DEVICES];
@@ -512,7 +526,9 @@ pool_put(DevRec *d, EvRef ev)
 static void
 ev_release(int dev, EvRef ev)
 {
-    pool_put(dev >= 0 && dev < MAX_DEVICES ? devs[dev] : NULL, ev);
+    if (ev.ev != NULL) {
+        pool_put(dev >= 0 && dev < MAX_DEVICES ? devs[dev] : NULL, ev);
+    }
 }
 
 /* A pooled event of d recorded on d's stream now (a new one from entry.take_recorded() when
@@ -744,6 +760,8 @@ slot_of(CoreObj *c, PyObject *node)
     c->slots[i].node = node;
     c->slots[i].gen = g;
     c->slots[i].stats = NULL;
+    c->slots[i].count_step = 0;
+    c->slots[i].count = 0;
     c->nslots++;
     return i;
 }
@@ -752,22 +770,19 @@ static void
 trace_clear(CoreObj *c)
 {
     for (Py_ssize_t k = 0; k < c->ntrace; k++) {
-        TraceItem *t = &c->trace[(c->trace_first + k) % c->trace_samples];
-        ev_release(t->dev, t->s);
-        ev_release(t->dev, t->e);
+        Py_CLEAR(c->trace[(c->trace_first + k) % c->trace_samples].entry);
     }
     c->ntrace = 0;
     c->trace_first = 0;
 }
 
-/* Fold one finished sample in; its events go to the trace ring or back to the pool. */
+/* Fold one finished sample in (its events are back in the pool by now); gpu_at_ns places
+ * its GPU start for the trace ring. */
 static void
-core_record(CoreObj *c, PendItem *it, double gpu_ms)
+core_record(CoreObj *c, PendItem *it, double gpu_ms, double gpu_at_ns, PyObject *entry)
 {
     Slot *s = &c->slots[it->slot];
     if (s->gen != c->gen) { /* recorded before reset(): discarded */
-        ev_release(it->dev, it->s);
-        ev_release(it->dev, it->e);
         return;
     }
     double cpu_ms = (double)(it->t1 - it->t0) * 1e-6;
@@ -781,6 +796,22 @@ core_record(CoreObj *c, PendItem *it, double gpu_ms)
     if (c->keep_steps > 0) {
         if (it->step > c->max_step) {
             c->max_step = it->step;
+        }
+        if (it->step > s->count_step) {
+            s->count_step = it->step;
+            s->count = 0;
+        }
+        if (it->step == s->count_step && ++s->count > c->step_cap) {
+            if (s->count == c->step_cap + 1
+                && (c->nover == 0 || c->over[c->nover - 1] != it->step)) {
+                if (grow((void **)&c->over, &c->over_cap, c->nover + 1, sizeof(int64_t)) == 0) {
+                    c->over[c->nover++] = it->step;
+                }
+                else {
+                    PyErr_Clear();
+                }
+            }
+            goto trace; /* that step's samples are dropped anyway: keep no more */
         }
         if (c->nseries >= c->series_limit) {
             /* Steps older than the window are dropped by the Python side anyway. */
@@ -807,24 +838,21 @@ core_record(CoreObj *c, PendItem *it, double gpu_ms)
             PyErr_Clear();
         }
     }
+trace:
     if (c->trace_samples <= 0 || c->trace == NULL) {
-        ev_release(it->dev, it->s);
-        ev_release(it->dev, it->e);
         return;
     }
     if (c->ntrace == c->trace_samples) {
-        TraceItem *old = &c->trace[c->trace_first];
-        ev_release(old->dev, old->s);
-        ev_release(old->dev, old->e);
+        Py_CLEAR(c->trace[c->trace_first].entry);
         c->trace_first = (c->trace_first + 1) % c->trace_samples;
         c->ntrace--;
     }
     TraceItem *t = &c->trace[(c->trace_first + c->ntrace) % c->trace_samples];
     c->ntrace++;
     t->slot = it->slot;
-    t->dev = it->dev;
-    t->s = it->s;
-    t->e = it->e;
+    t->entry = Py_NewRef(entry);
+    t->gpu_at_ns = gpu_at_ns;
+    t->gpu_ms = gpu_ms;
     t->t0 = it->t0;
     t->step = it->step;
     t->cpu_ms = cpu_ms;
@@ -834,18 +862,20 @@ core_record(CoreObj *c, PendItem *it, double gpu_ms)
 static int
 core_init(CoreObj *self, PyObject *args, PyObject *kwds)
 {
-    static char *kw[] = {"local", "keep_steps", "trace_samples", NULL};
+    static char *kw[] = {"local", "keep_steps", "trace_samples", "step_cap", NULL};
     PyObject *local;
-    Py_ssize_t keep, trace;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Onn:Core", kw, &local, &keep, &trace)) {
+    Py_ssize_t keep, trace, step_cap;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Onnn:Core", kw, &local, &keep, &trace,
+                                     &step_cap)) {
         return -1;
     }
     if (self->node_slots != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Core is initialised once");
         return -1;
     }
-    if (keep < 0 || trace < 0) {
-        PyErr_SetString(PyExc_ValueError, "keep_steps and trace_samples must be >= 0");
+    if (keep < 0 || trace < 0 || step_cap < 1) {
+        PyErr_SetString(PyExc_ValueError,
+                        "keep_steps and trace_samples must be >= 0, step_cap >= 1");
         return -1;
     }
     self->node_slots = PyDict_New();
@@ -864,6 +894,7 @@ core_init(CoreObj *self, PyObject *args, PyObject *kwds)
     self->enabled = 1;
     self->keep_steps = keep;
     self->trace_samples = trace;
+    self->step_cap = step_cap;
     self->series_limit = 1 << 16;
     self->serial = next_serial++;
     return 0;
@@ -876,6 +907,9 @@ core_traverse(CoreObj *self, visitproc visit, void *arg)
     Py_VISIT(self->node_slots);
     for (Py_ssize_t i = 0; i < self->nslots; i++) {
         Py_VISIT(self->slots[i].node);
+    }
+    for (Py_ssize_t k = 0; k < self->ntrace; k++) {
+        Py_VISIT(self->trace[(self->trace_first + k) % self->trace_samples].entry);
     }
     return 0;
 }
@@ -897,6 +931,9 @@ core_clear(CoreObj *self)
 {
     Py_CLEAR(self->local);
     Py_CLEAR(self->node_slots);
+    if (self->trace != NULL) {
+        trace_clear(self);
+    }
     core_forget_slots(self);
     return 0;
 }
@@ -912,24 +949,36 @@ core_dealloc(CoreObj *self)
     PyMem_Free(self->slots);
     PyMem_Free(self->series);
     PyMem_Free(self->trace);
+    PyMem_Free(self->over);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 PyDoc_STRVAR(core_collect_doc,
-"collect() -> (stats, series, trace)\n\n"
+"collect() -> (stats, series, trace, over)\n\n"
 "Hand over what the compiled harvest recorded since the last call, and forget it here:\n"
 "stats: [(node, device, calls, gpu, cpu)] with histograms as (count, total, min, max, zeros,\n"
 "[(bucket, n)]); series: [(node, device, step, gpu_ms, cpu_ms)]; trace: [(node, entry,\n"
-"start, end, t0_ns, cpu_ms, step, tid)] (the events move to the caller).");
+"gpu_at_ns, gpu_ms, t0_ns, cpu_ms, step, tid)], gpu_at_ns None when it could not be read;\n"
+"over: [step] where some node passed step_cap samples (the series stops there).");
 
 static PyObject *
 core_collect(CoreObj *self, PyObject *unused)
 {
     (void)unused;
     PyObject *stats = PyList_New(0), *series = PyList_New(0), *trace = PyList_New(0);
-    if (stats == NULL || series == NULL || trace == NULL) {
+    PyObject *over = PyList_New(0);
+    if (stats == NULL || series == NULL || trace == NULL || over == NULL) {
         goto fail;
     }
+    for (Py_ssize_t k = 0; k < self->nover; k++) {
+        PyObject *v = PyLong_FromLongLong(self->over[k]);
+        if (v == NULL || PyList_Append(over, v) < 0) {
+            Py_XDECREF(v);
+            goto fail;
+        }
+        Py_DECREF(v);
+    }
+    self->nover = 0;
     for (Py_ssize_t i = 0; i < self->nslots; i++) {
         Slot *s = &self->slots[i];
         for (DevStats *p = s->stats; p != NULL; p = p->next) {
@@ -966,26 +1015,27 @@ core_collect(CoreObj *self, PyObject *unused)
     self->nseries = 0;
     while (self->ntrace > 0) {
         TraceItem *t = &self->trace[self->trace_first];
-        DevRec *d = t->dev >= 0 && t->dev < MAX_DEVICES ? devs[t->dev] : NULL;
-        PyObject *row = Py_BuildValue("(OOOOLdLk)", self->slots[t->slot].node,
-                                      d ? d->entry : Py_None, t->s.ev, t->e.ev,
-                                      (long long)t->t0, t->cpu_ms, (long long)t->step, t->tid);
+        PyObject *at = isnan(t->gpu_at_ns) ? Py_NewRef(Py_None) : PyFloat_FromDouble(t->gpu_at_ns);
+        PyObject *row = at ? Py_BuildValue("(OONdLdLk)", self->slots[t->slot].node, t->entry,
+                                           at, t->gpu_ms, (long long)t->t0, t->cpu_ms,
+                                           (long long)t->step, t->tid)
+                           : NULL;
         if (row == NULL || PyList_Append(trace, row) < 0) {
             Py_XDECREF(row);
             goto fail;
         }
         Py_DECREF(row);
-        Py_DECREF(t->s.ev); /* the list holds them now */
-        Py_DECREF(t->e.ev);
+        Py_CLEAR(t->entry);
         self->trace_first = (self->trace_first + 1) % self->trace_samples;
         self->ntrace--;
     }
     self->trace_first = 0;
-    return Py_BuildValue("(NNN)", stats, series, trace);
+    return Py_BuildValue("(NNNN)", stats, series, trace, over);
 fail:
     Py_XDECREF(stats);
     Py_XDECREF(series);
     Py_XDECREF(trace);
+    Py_XDECREF(over);
     return NULL;
 }
 
@@ -1003,9 +1053,12 @@ core_reset(CoreObj *self, PyObject *arg)
     self->gen = gen;
     for (Py_ssize_t i = 0; i < self->nslots; i++) {
         free_stats(&self->slots[i]);
+        self->slots[i].count_step = 0;
+        self->slots[i].count = 0;
     }
     self->nseries = 0;
     self->max_step = 0;
+    self->nover = 0;
     if (self->trace != NULL) {
         trace_clear(self);
     }
@@ -1040,12 +1093,15 @@ static PyMemberDef core_members[] = {
     {"step", T_LONGLONG, offsetof(CoreObj, step), 0, "The Timer's step number."},
     {"gen", T_LONGLONG, offsetof(CoreObj, gen), READONLY, "The Timer's reset generation."},
     {"slots", T_PYSSIZET, offsetof(CoreObj, nslots), READONLY, "Region paths seen."},
+    {"series", T_PYSSIZET, offsetof(CoreObj, nseries), READONLY,
+     "Per-step samples held until the next collect()."},
     {NULL, 0, 0, 0, NULL},
 };
 
 static PyTypeObject CoreType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cudatimer._speedups.Core",
-    .tp_doc = PyDoc_STR("Core(local, keep_steps, trace_samples): a Timer's compiled state."),
+    .tp_doc = PyDoc_STR("Core(local, keep_steps, trace_samples, step_cap): a Timer's compiled "
+                        "state."),
     .tp_basicsize = sizeof(CoreObj),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
@@ -1081,6 +1137,7 @@ devrec_free(DevRec *d, PyObject *bury)
         DROP(it->e.ev);
         Py_DECREF(it->core);
     }
+    DROP(d->anchor.ev);
     DROP(d->entry);
 #undef DROP
     Py_DECREF(d->stream);
@@ -1088,6 +1145,39 @@ devrec_free(DevRec *d, PyObject *bury)
     PyMem_Free(d->pool);
     PyMem_Free(d->pend);
     PyMem_Free(d);
+}
+
+/* Where the finished event *s started, on the host clock (ns; NAN if unreadable), for the
+ * trace: one elapsed read against the anchor, so the sample's events go straight back to the
+ * pool. Keeping them until a report instead (the trace ring's 2 x 4096 events) made every
+ * record cycle through thousands of distinct CUDA events; in the launch-bound loop (H200),
+ * 512 distinct events already cost 1.19-1.20x what re-recording the same two does.
+ * cudaEventElapsedTime is float32 ms, good to ~4 ns within 100 ms: past ANCHOR_HOP_MS the
+ * anchor moves to *s and its position adds up in double, so placement stays to the
+ * microsecond over hours. *s then stays as the anchor
+ * and the old anchor takes its place (NULL for entry.ref, which is never pooled). */
+#define ANCHOR_HOP_MS 100.0
+
+static double
+place(DevRec *d, EvRef *s)
+{
+    double off;
+    if (d->anchor.ev == NULL || ev_elapsed(d->anchor, *s, &off) < 0) {
+        return NAN;
+    }
+    double at_ms = d->anchor_ms + off;
+    if (off > ANCHOR_HOP_MS) {
+        EvRef old = d->anchor;
+        d->anchor = *s;
+        d->anchor_ms = at_ms;
+        if (d->anchor_is_ref) {
+            Py_DECREF(old.ev);
+            old.ev = NULL;
+            d->anchor_is_ref = 0;
+        }
+        *s = old;
+    }
+    return (double)d->ref_ns + at_ms * 1e6;
 }
 
 static Py_ssize_t
@@ -1134,8 +1224,15 @@ harvest(DevRec *d)
         }
         d->pfirst++;
         d->pn--;
-        core_record(it.core, &it, ms);
-        Py_DECREF(it.core);
+        CoreObj *c = it.core;
+        double at_ns = NAN;
+        if (c->trace_samples > 0 && c->slots[it.slot].gen == c->gen) {
+            at_ns = place(d, &it.s);
+        }
+        ev_release(it.dev, it.s);
+        ev_release(it.dev, it.e);
+        core_record(c, &it, ms, at_ns, d->entry);
+        Py_DECREF(c);
     }
     if (d->pn == 0) {
         d->pfirst = 0;
@@ -1868,6 +1965,53 @@ set_usable(PyObject *module, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* -- the region of CUDATIMER_DISABLE ---------------------------------------------------- */
+/* `with cuda_region("x"):` under CUDATIMER_DISABLE: C no-ops, so the with statement costs what
+ * it costs around any C context manager (the Python _NullRegion's two calls added ~50 ns). */
+static PyObject *
+null_enter(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    return Py_NewRef(self);
+}
+
+static PyObject *
+null_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    (void)args;
+    (void)nargs;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+null_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    (void)self;
+    if (PyTuple_GET_SIZE(args) != 1 || (kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0)) {
+        PyErr_SetString(PyExc_TypeError, "a disabled region decorates one function: @region");
+        return NULL;
+    }
+    return Py_NewRef(PyTuple_GET_ITEM(args, 0)); /* the function, undecorated */
+}
+
+static PyMethodDef null_methods[] = {
+    {"__enter__", (PyCFunction)null_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))null_exit, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject NullRegionType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cudatimer._speedups.NullRegion",
+    .tp_doc = PyDoc_STR("What regions become under CUDATIMER_DISABLE: nothing on enter, exit "
+                        "or call (a decorated function comes back unchanged)."),
+    .tp_basicsize = sizeof(PyObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_call = null_call,
+    .tp_methods = null_methods,
+};
+
 PyDoc_STRVAR(add_stream_doc,
 "add_stream(entry)\n\nGive the compiled path the StreamEntry of a device's default stream\n"
 "(replacing an older one of that device, whose pending samples are dropped).");
@@ -1891,9 +2035,15 @@ add_stream(PyObject *module, PyObject *entry)
     PyObject *stream = PyObject_GetAttr(entry, str_stream);
     PyObject *clock = stream ? PyObject_GetAttr(entry, str_clock) : NULL;
     PyObject *raw = clock ? PyObject_GetAttr(entry, str_raw) : NULL;
-    if (raw == NULL) {
+    PyObject *ref = raw ? PyObject_GetAttr(entry, str_ref) : NULL;
+    PyObject *ref_ns_o = ref ? PyObject_GetAttr(entry, str_ref_ns) : NULL;
+    long long ref_ns = ref_ns_o ? PyLong_AsLongLong(ref_ns_o) : -1;
+    Py_XDECREF(ref_ns_o);
+    if (ref_ns_o == NULL || (ref_ns == -1 && PyErr_Occurred())) {
         Py_XDECREF(stream);
         Py_XDECREF(clock);
+        Py_XDECREF(raw);
+        Py_XDECREF(ref);
         return NULL;
     }
     void *raw_p = NULL;
@@ -1912,8 +2062,13 @@ add_stream(PyObject *module, PyObject *entry)
     if (d == NULL) {
         Py_DECREF(stream);
         Py_DECREF(clock);
+        Py_DECREF(ref);
         return PyErr_NoMemory();
     }
+    d->anchor.ev = ref; /* the reference: 0 ms */
+    d->anchor.h = use_raw ? event_handle(ref) : NULL;
+    d->anchor_is_ref = 1;
+    d->ref_ns = ref_ns;
     Py_INCREF(entry);
     d->entry = entry;
     d->stream = stream;
@@ -2149,7 +2304,8 @@ PyInit__speedups(void)
         {&str_timer, "timer"},         {&str_enter, "_enter"},
         {&str_exit, "_exit"},          {&str_child, "child"},
         {&str_gen, "gen"},             {&str_get_stream, "_get_stream"},
-        {&str_batch, "HARVEST_BATCH"}, {&str_stream, "stream"},
+        {&str_batch, "HARVEST_BATCH"}, {&str_ref, "ref"}, {&str_ref_ns, "ref_ns"},
+        {&str_stream, "stream"},
         {&str_clock, "clock"},         {&str_device, "device"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
@@ -2161,7 +2317,7 @@ PyInit__speedups(void)
         return NULL;
     }
     if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&StackType) < 0
-        || PyType_Ready(&RegionBaseType) < 0) {
+        || PyType_Ready(&RegionBaseType) < 0 || PyType_Ready(&NullRegionType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&module_def);
@@ -2169,9 +2325,9 @@ PyInit__speedups(void)
         return NULL;
     }
     PyObject *types[] = {(PyObject *)&CoreType, (PyObject *)&StackType,
-                         (PyObject *)&RegionBaseType};
-    const char *type_names[] = {"Core", "Stack", "RegionBase"};
-    for (int i = 0; i < 3; i++) {
+                         (PyObject *)&RegionBaseType, (PyObject *)&NullRegionType};
+    const char *type_names[] = {"Core", "Stack", "RegionBase", "NullRegion"};
+    for (int i = 0; i < 4; i++) {
         Py_INCREF(types[i]);
         if (PyModule_AddObject(m, type_names[i], types[i]) < 0) {
             Py_DECREF(types[i]);

@@ -18,7 +18,22 @@ from ._records import RegionStats, StepStats
 if TYPE_CHECKING:
     from ._timer import Timer, _Node
 
-__all__ = ["Window", "oldest_kept", "select", "step_stats", "window_meta", "window_regions"]
+__all__ = [
+    "STEP_SAMPLE_CAP",
+    "Window",
+    "oldest_kept",
+    "select",
+    "step_stats",
+    "window_meta",
+    "window_regions",
+]
+
+# Raw samples one region keeps per step. A run that never calls step() is all step 0, and its
+# raw samples would grow 16 bytes per region for ever (17.7 MB per 10^6 regions, measured);
+# past this many calls of one region in one step, that step's raw samples are dropped and
+# windows leave it out with a note. 65536 samples are 1 MB (the compiled path holds 40 bytes
+# each until a report): far above the regions of a real training step.
+STEP_SAMPLE_CAP = 65536
 
 
 @dataclass(frozen=True)
@@ -64,12 +79,14 @@ def select(
     last: object = None,
     steps: object = None,
     warmup: object = 0,
+    dropped: Iterable[int] = (),
 ) -> Window | None:
     """Validate the window options; None means the whole run (every call ever recorded).
 
     ``current`` is the step in progress (``Timer._step``). Without ``steps=``, a window covers
     finished steps only (``warmup <= step < current``), the last ``last`` of them if given.
     ``steps=`` names steps explicitly (a ``range`` or ints), the current one included.
+    ``dropped``: steps whose raw samples were dropped (STEP_SAMPLE_CAP); noted when chosen.
     """
     skip = _check_count("warmup", warmup)
     if last is not None:
@@ -108,9 +125,19 @@ def select(
             f"steps must be a range or an iterable of step numbers, got {type(steps).__name__}"
         )
     note = ""
+    gone = sorted(s for s in dropped if s in chosen)
+    if gone:
+        shown = ", ".join(str(s) for s in gone[:8]) + (", ..." if len(gone) > 8 else "")
+        note = (
+            f"step{'s' if len(gone) > 1 else ''} {shown} left out: a region ran more than "
+            f"{STEP_SAMPLE_CAP} times in one step, so its per-step samples were not kept "
+            "(whole-run statistics still count them)"
+        )
+        chosen = frozenset(s for s in chosen if s not in gone)
     lowest = (chosen[0] if isinstance(chosen, range) else min(chosen)) if chosen else None
     if oldest_kept is not None and lowest is not None and lowest < oldest_kept:
-        note = f"steps before {oldest_kept} are no longer kept (keep_steps={keep_steps})"
+        older = f"steps before {oldest_kept} are no longer kept (keep_steps={keep_steps})"
+        note = f"{note}; {older}" if note else older
         chosen = (
             range(max(chosen.start, oldest_kept), max(chosen.stop, oldest_kept))
             if isinstance(chosen, range)

@@ -26,11 +26,11 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
 
 import torch
 
-from . import _cuda
+from . import _cuda, _steps
 from ._config import DISABLED_AT_IMPORT, PURE_PYTHON
 from ._hist import HistBuilder
 from ._nvtx import Domain, resolve_color
@@ -41,6 +41,24 @@ Mode = Literal["full", "nvtx", "events"]
 Clock = Literal["auto", "host"]
 _MODES = ("full", "nvtx", "events")
 _CLOCKS = ("auto", "host")
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+
+class RegionOptions(TypedDict, total=False):
+    """The options of ``Timer.region`` (see there)."""
+
+    mode: Mode | None
+    color: int | str | None
+    category: int | str | None
+    payload: float | None
+    clock: Clock | None
+    streams: Iterable[Any] | None
+    every: int | None
+
+
+_REGION_OPTIONS = frozenset(RegionOptions.__annotations__)
 
 _perf_ns = time.perf_counter_ns
 _FOLD = HistBuilder.FOLD
@@ -78,15 +96,6 @@ _SKIP = object()  # start-event slot of a frame entered while its stream was cap
 _W_STREAM = 1
 _W_DEVICE = 2
 _W_SIDE_DEVICE = 4
-
-
-def _release(sample: tuple[Any, ...]) -> None:
-    """Give a trace-window sample's two events back to its stream's pool (host-clock samples
-    have none)."""
-    entry = sample[2]
-    if entry is not None:
-        entry.pool.append(sample[3])
-        entry.pool.append(sample[4])
 
 
 class _Acc:
@@ -412,7 +421,9 @@ class _NullRegion:
         return fn
 
 
-NULL_REGION = _NullRegion()
+# The compiled twin (C enter/exit/call) when the module is built: what `with cuda_region()`
+# costs under CUDATIMER_DISABLE is then the with statement around a C object.
+NULL_REGION: _NullRegion = _speedups.NullRegion() if _speedups is not None else _NullRegion()
 
 # The compiled hot path: RegionBase.__enter__/__exit__ (C) do the common case of the Python
 # hooks above in one C call each, with the stack, statistics and harvest of that case in C
@@ -493,12 +504,14 @@ class Timer:
         # The compiled path's side of this Timer: switches, statistics and samples it records.
         self._core: Any = None
         if _speedups is not None:
-            self._core = _speedups.Core(self._local, keep_steps, trace_samples)
+            self._core = _speedups.Core(
+                self._local, keep_steps, trace_samples, _steps.STEP_SAMPLE_CAP
+            )
         if self._core is not None:
             self._core.enabled = enabled
         self._gen = 0
         self._root = _Node(self, "", None)
-        self._regions: dict[str, Region] = {}
+        self._regions: dict[str, Region] = {}  # NULL_REGION under CUDATIMER_DISABLE
         self._samplers: dict[tuple[str, int], itertools.count[int]] = {}  # every=N call counters
         self._step = 0
         # Per-step raw samples of the last ``keep_steps`` steps: {step: {(path, clock): (gpu
@@ -506,8 +519,11 @@ class Timer:
         # statistics live in the nodes and never depend on this window.
         self.keep_steps = keep_steps
         self._steps: dict[int, dict[tuple[str, str], tuple[array[float], array[float]]]] = {}
-        # The last ``trace_samples`` samples with their events kept alive, for trace export:
-        # (path, clock, entry, start event, end event, host start ns, cpu ms, step, thread id).
+        # Steps whose raw samples were dropped: a region ran more than STEP_SAMPLE_CAP times in
+        # them (a run that never calls step() is all step 0), so memory stays bounded.
+        self._steps_over: set[int] = set()
+        # The last ``trace_samples`` samples, for trace export: (path, clock, entry, GPU start
+        # on the host clock in ns or None, gpu ms, host start ns, cpu ms, step, thread id).
         self.trace_samples = trace_samples
         self._trace: deque[tuple[Any, ...]] = deque()
         # Synchronisations seen by detect_syncs(): {(location, kind, region path): count}.
@@ -515,18 +531,7 @@ class Timer:
         _TIMERS.add(self)
 
     # -- building regions -------------------------------------------------------------------
-    def region(
-        self,
-        name: str,
-        *,
-        mode: Mode | None = None,
-        color: int | str | None = None,
-        category: int | str | None = None,
-        payload: float | None = None,
-        clock: Clock | None = None,
-        streams: Iterable[Any] | None = None,
-        every: int | None = None,
-    ) -> Region:
+    def region(self, name: str, **options: Unpack[RegionOptions]) -> Region:
         """A region named ``name``: ``with timer.region("fwd"):`` or ``@timer.region("fwd")``.
 
         Options: ``mode`` ("full": events and NVTX; "nvtx": NVTX range only, no events;
@@ -549,6 +554,39 @@ class Timer:
         >>> r.calls, r.cpu.count
         (8, 2)
         """
+        plain = True  # no options (or all None): the region is cached by name
+        if options:
+            unknown = options.keys() - _REGION_OPTIONS
+            if unknown:
+                raise TypeError(
+                    f"region() got unknown option(s) {', '.join(sorted(unknown))}; "
+                    f"the options are {', '.join(RegionOptions.__annotations__)}"
+                )
+            plain = all(v is None for v in options.values())
+        if plain:
+            # `with timer.region("x"):` in a loop: a cache hit. Options go in **options so this
+            # case tests one dict instead of seven defaults: 0.07 us instead of 0.14 (measured).
+            try:
+                cached = self._regions.get(name)
+            except TypeError:
+                cached = None
+            if cached is not None and not _is_dynamo_compiling():
+                return cached
+        return self._region(name, **options)
+
+    def _region(
+        self,
+        name: str,
+        *,
+        mode: Mode | None = None,
+        color: int | str | None = None,
+        category: int | str | None = None,
+        payload: float | None = None,
+        clock: Clock | None = None,
+        streams: Iterable[Any] | None = None,
+        every: int | None = None,
+    ) -> Region:
+        """``region`` past its cache: checks the options and makes (or caches) the region."""
         plain = (  # no options: the region is cached by name
             mode is None
             and color is None
@@ -558,13 +596,6 @@ class Timer:
             and streams is None
             and every is None
         )
-        if plain:
-            try:
-                cached = self._regions.get(name)  # `with timer.region("x"):` in a loop: a hit
-            except TypeError:
-                cached = None
-            if cached is not None and not _is_dynamo_compiling():
-                return cached
         if _is_compiling():
             # Dynamo traces this call (`with cuda_region(...)` in compiled code). It cannot
             # enter a context manager made outside the traced code (an error under
@@ -572,7 +603,10 @@ class Timer:
             return contextlib.nullcontext()  # type: ignore[return-value]
         if plain:
             if DISABLED_AT_IMPORT:
-                _check_name(name)
+                # Cached like a real region, so `with cuda_region("x"):` is one dict hit and
+                # an empty C enter/exit: +112 ns a call, 576 ns when every call came down here
+                # (benchmarks/disabled_cost.py).
+                self._regions[_check_name(name)] = NULL_REGION  # type: ignore[assignment]
                 return NULL_REGION  # type: ignore[return-value]
             region = self._make(name, self.mode, None, None, None, self.clock)
             self._regions[name] = region
@@ -829,7 +863,6 @@ class Timer:
                         self._local.stack.tid,
                         None,
                         None,
-                        None,
                     )
         finally:
             if r.nvtx:
@@ -924,13 +957,12 @@ class Timer:
         t0: int,
         tid: int,
         entry: Any,
-        start: Any,
-        end: Any,
-    ) -> bool:
-        """Fold a finished sample in (caller holds LOCK). True if its events were kept for the
-        trace window (the caller must then not return them to the pool)."""
+        gpu_at_ns: float | None,
+    ) -> None:
+        """Fold a finished sample in (caller holds LOCK); ``gpu_at_ns`` places its GPU start on
+        the host clock for the trace (``StreamEntry.place``)."""
         if node.gen != self._gen:
-            return False  # recorded before reset(): discarded
+            return  # recorded before reset(): discarded
         node.add(clock, gpu_ms, cpu_ms, skipped)
         if self.keep_steps:
             # The node remembers its series of the current step: one tuple test per sample
@@ -940,20 +972,27 @@ class Timer:
                 series = last[2]
             else:
                 series = self._series(node, clock, step)
-            series[0].append(gpu_ms if gpu_ms is not None else _NAN)
-            series[1].append(cpu_ms)
+            if series is not None:
+                if len(series[1]) < _steps.STEP_SAMPLE_CAP:
+                    series[0].append(gpu_ms if gpu_ms is not None else _NAN)
+                    series[1].append(cpu_ms)
+                else:
+                    self._drop_step(step, node)
         if not self.trace_samples:
-            return False
+            return
         ring = self._trace
         if len(ring) >= self.trace_samples:
-            _release(ring.popleft())
-        ring.append((node.path, clock, entry, start, end, t0, cpu_ms, step, tid))
-        return start is not None
+            ring.popleft()
+        ring.append((node.path, clock, entry, gpu_at_ns, gpu_ms, t0, cpu_ms, step, tid))
 
     def _series(
         self, node: _Node, clock: str, step: int
-    ) -> tuple[array[float], array[float]]:
-        """The per-step raw series of ``node`` on ``clock`` in ``step`` (made if new)."""
+    ) -> tuple[array[float], array[float]] | None:
+        """The per-step raw series of ``node`` on ``clock`` in ``step`` (made if new); None
+        for a step whose samples were dropped."""
+        if step in self._steps_over:
+            node.last = None
+            return None
         per_step = self._steps.get(step)
         if per_step is None:
             per_step = self._steps[step] = {}
@@ -966,12 +1005,25 @@ class Timer:
         node.last = (step, clock, series)
         return series
 
+    def _drop_step(self, step: int, node: _Node | None = None) -> None:
+        """Forget the raw samples of ``step`` and keep no more of it (a region passed
+        STEP_SAMPLE_CAP samples in it); windows then leave it out and say so."""
+        self._steps.pop(step, None)
+        over = self._steps_over
+        over.add(step)
+        if len(over) > max(1, self.keep_steps):
+            over.discard(min(over))
+        if node is not None:
+            node.last = None
+
     def _absorb(self) -> None:
         """Take in what the compiled harvest recorded (caller holds LOCK): statistics merged
         per node and clock, per-step samples and trace samples as ``_record`` keeps them."""
         if self._core is None:
             return
-        stats, series, trace = self._core.collect()
+        stats, series, trace, over = self._core.collect()
+        for step in over:
+            self._drop_step(step)
         gen = self._gen
         for node, device, calls, gpu, cpu in stats:
             if node.gen != gen:
@@ -986,24 +1038,24 @@ class Timer:
         for node, device, step, gpu_ms, cpu_ms in series:
             if node.gen == gen and self.keep_steps:
                 values = self._series(node, f"cuda:{device}", step)
-                values[0].append(gpu_ms)
-                values[1].append(cpu_ms)
+                if values is None:
+                    continue
+                if len(values[1]) < _steps.STEP_SAMPLE_CAP:
+                    values[0].append(gpu_ms)
+                    values[1].append(cpu_ms)
+                else:
+                    self._drop_step(step, node)
         if not trace:
             return
-        kept = []
-        for node, entry, start, end, t0, cpu_ms, step, tid in trace:
-            sample = (node.path, entry and entry.clock, entry, start, end, t0, cpu_ms, step, tid)
-            if node.gen == gen and entry is not None:
-                kept.append(sample)
-            else:
-                _release(sample)
+        kept = [
+            (node.path, entry.clock, entry, at_ns, gpu_ms, t0, cpu_ms, step, tid)
+            for node, entry, at_ns, gpu_ms, t0, cpu_ms, step, tid in trace
+            if node.gen == gen
+        ]
         # The trace window keeps the last ``trace_samples`` samples by exit time (the order the
         # Python harvest appends them in), whichever path recorded them.
         merged = sorted([*self._trace, *kept], key=lambda s: s[5] + s[6] * 1e6)
-        cut = max(0, len(merged) - self.trace_samples)
-        for old in merged[:cut]:
-            _release(old)
-        self._trace = deque(merged[cut:])
+        self._trace = deque(merged[max(0, len(merged) - self.trace_samples) :])
 
     def _note_sync(self, kind: str, location: str) -> bool:
         """Count one host-device synchronisation against the innermost region open on this
@@ -1065,7 +1117,7 @@ class Timer:
         >>> t.summary(warmup=1).steps, t.summary(last=2)["it"].calls
         (3, 2)
         """
-        from . import _steps, _trace
+        from . import _trace
 
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
             raise TypeError(
@@ -1076,13 +1128,17 @@ class Timer:
         for arg, flag in (("step_stats", step_stats), ("trace", trace)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{arg} must be a bool, got {type(flag).__name__}")
-        window_args = {"last": last, "steps": steps, "warmup": warmup}
+        window_args: dict[str, Any] = {"last": last, "steps": steps, "warmup": warmup}
         _steps.select(self._step, None, self.keep_steps, **window_args)  # bad input fails early
         _BACKEND.drain(float(timeout_s))
         with _LOCK:
             self._absorb()
             window = _steps.select(
-                self._step, _steps.oldest_kept(self), self.keep_steps, **window_args
+                self._step,
+                _steps.oldest_kept(self),
+                self.keep_steps,
+                dropped=self._steps_over,
+                **window_args,
             )
             per_step = _steps.step_stats(self, window) if step_stats else ()
             samples = _trace.resolve(self, window) if trace else ()
@@ -1181,9 +1237,8 @@ class Timer:
             self._root = _Node(self, "", None)
             self._step = 0
             self._steps = {}
+            self._steps_over = set()
             self._sync_sites = {}
-            for old in self._trace:
-                _release(old)
             self._trace = deque()
             if self._core is not None:
                 self._core.reset(self._gen)

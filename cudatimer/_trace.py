@@ -1,12 +1,11 @@
 """Trace export: the last ``trace_samples`` calls on their timelines, as a Chrome/Perfetto trace.
 
 GPU spans are placed on the GPU's own clock: each stream has a reference event recorded when
-the stream was first seen, and ``ref.elapsed_time(event)`` says where any later event on that
-device happened. ``cudaEventElapsedTime`` returns a float32 of milliseconds, so hours after the
-reference it is only good to a millisecond; we therefore read the reference once per stream
-(for the earliest sample in the trace) and place every other event relative to that sample,
-which keeps microsecond precision across the few seconds a trace usually covers. Reading
-events that completed never blocks: the ring only holds harvested (finished) samples.
+the stream was first seen, and the harvest reads where each sample's start event happened
+after it (``StreamEntry.place``), so the ring holds numbers, not events. The read goes
+through an anchor event that moves forward every second, because ``cudaEventElapsedTime``
+returns a float32 of milliseconds (an hour after the reference only good to 0.25 ms); the
+anchors' positions add up in double, which keeps microseconds over hours.
 
 Host spans (every region's enter to exit) go on one track per thread. GPU and host timelines
 are joined through the host clock read right after each reference event was recorded; the
@@ -35,31 +34,13 @@ FORMAT = "cudatimer.trace"
 def resolve(timer: Timer, window: Window | None) -> tuple[TraceSample, ...]:
     """The trace ring as frozen samples (caller holds ``_cuda.LOCK``); never synchronizes."""
     names = {t.ident: t.name for t in threading.enumerate()}
-    picked = [s for s in timer._trace if window is None or s[7] in window]
-    # Per stream: the start event of its earliest sample and that event's host-clock position.
-    anchors: dict[Any, tuple[Any, float]] = {}
-    for _, _, entry, start, _, _, _, _, _ in picked:
-        if entry is None or start is None:
-            continue
-        try:
-            at_ms = entry.ref.elapsed_time(start)
-        except (RuntimeError, ValueError):
-            continue
-        old = anchors.get(entry)
-        if old is None or at_ms * 1e6 + entry.ref_ns < old[1]:
-            anchors[entry] = (start, entry.ref_ns + at_ms * 1e6)
     raw: list[tuple[Any, ...]] = []
-    for path, clock, entry, start, end, t0_ns, cpu_ms, step, tid in picked:
-        gpu: tuple[int, float, float] | None = None
-        if entry is not None and start is not None and entry in anchors:
-            anchor, anchor_ns = anchors[entry]
-            try:
-                a_ms = anchor.elapsed_time(start)
-                b_ms = anchor.elapsed_time(end)
-            except (RuntimeError, ValueError):
-                a_ms = b_ms = None  # an event that cannot be read: keep the host span only
-            if a_ms is not None and b_ms is not None:
-                gpu = (entry.key[0], anchor_ns + a_ms * 1e6, max(0.0, b_ms - a_ms))
+    for path, clock, entry, at_ns, gpu_ms, t0_ns, cpu_ms, step, tid in timer._trace:
+        if window is not None and step not in window:
+            continue
+        gpu = None
+        if entry is not None and at_ns is not None and gpu_ms is not None:
+            gpu = (entry.key[0], at_ns, max(0.0, gpu_ms))
         raw.append((path, clock, step, tid, float(t0_ns), cpu_ms, gpu))
     if not raw:
         return ()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -360,3 +361,33 @@ def test_kernel_spans_matches_launches_to_kernels_by_correlation() -> None:
     spans = kernel_spans(trace, ["acc0"])
     assert spans["acc0"] == pytest.approx(1.0)  # 1000 -> 2000 us, the third kernel is outside
     assert spans["acc0#kernels"] == 2
+
+
+def test_hotpath_runs_on_the_cpu() -> None:
+    """hotpath.py runs its paired rounds on the CPU and prints a row per variant."""
+    script = ROOT / "benchmarks" / "hotpath.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--rounds", "3", "--iters", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0] for line in out.stdout.splitlines()[3:] if line.strip()}
+    assert {"cudatimer", "cudatimer-py", "cudatimer-held", "nvtx-only", "disabled"} <= rows
+
+
+def test_disabled_cost_measures_both_switches() -> None:
+    """disabled_cost.py measures CUDATIMER_DISABLE, the enabled case and disable() at run time."""
+    script = ROOT / "benchmarks" / "disabled_cost.py"
+    env = {**os.environ, "CUDATIMER_BENCH_N": "2000"}
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    labels = [line.split("  ")[0] for line in out.stdout.splitlines()]
+    assert labels == [
+        "CUDATIMER_DISABLE=1",
+        "enabled (for comparison)",
+        "cudatimer.disable() at run time",
+    ]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import cudatimer
-from cudatimer import Timer, _cuda, _timer
+from cudatimer import Timer, _cuda, _steps, _timer
 from tests.fake_cuda import FakeGPU, install
 from tests.subproc import run_python
 
@@ -164,6 +164,31 @@ def test_switching_paths_keeps_pending_samples(gpu: FakeGPU) -> None:
     assert s["r"].calls == 6 and s["r"].gpu.count == 6 and s.pending == 0
 
 
+def test_compiled_path_caps_raw_samples_per_step(
+    gpu: FakeGPU, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled harvest stops keeping a step's raw samples past STEP_SAMPLE_CAP, and the
+    window leaves that step out, as the Python path does."""
+    monkeypatch.setattr(_steps, "STEP_SAMPLE_CAP", 5)
+    timer = Timer(name="cap-c")
+    with timer.region("warm"):  # the stream's first region sets it up (general path)
+        pass
+    for _ in range(7):
+        with timer.region("r"):
+            gpu.run(1.0)
+    assert timer._core.pending() == 7  # these went through the compiled path
+    _cuda.BACKEND.drain(1.0)  # harvested in C, not yet handed to Python
+    assert timer._core.series == 5  # the C side stopped at the cap too (its memory)
+    timer.step()
+    for _ in range(3):
+        with timer.region("r"):
+            gpu.run(2.0)
+    s = timer.summary(steps=range(0, 2))
+    assert s["r"].calls == 3 and s["r"].gpu_total_ms == pytest.approx(6.0)
+    assert dict(s.meta)["window_note"].startswith("step 0 left out")
+    assert timer.summary()["r"].calls == 10
+
+
 def test_compiled_hooks_fall_back_for_disabled_and_side_streams(gpu: FakeGPU) -> None:
     """A disabled Timer, a side stream, a host-clock region: the Python paths take over."""
     timer = Timer(name="fb")
@@ -194,7 +219,7 @@ def test_compiled_path_under_nvtx_injection(tmp_path: Path) -> None:
         pytest.skip("the compiled module is not built here")
     code = """
         import pytest
-        from cudatimer import Timer, _cuda, _timer
+        from cudatimer import Timer, _cuda, _steps, _timer
         from tests.fake_cuda import install
         install(pytest.MonkeyPatch())
         assert _timer.compiled()
@@ -251,6 +276,7 @@ def _scenario(gpu: FakeGPU, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...]:
             gpu.release()
         if step == 2:
             timer.reset()  # what was recorded before is gone, pending samples included
+            gpu.run(150.0)  # trace placement moves its anchor (past _cuda.ANCHOR_HOP_MS)
         timer.step()
     s = timer.summary(step_stats=True, trace=True)
     regions = tuple(

@@ -311,7 +311,13 @@ def test_env_disable_makes_decorators_identity() -> None:
         "with cudatimer.cuda_region('r'): pass\n"
         "assert cudatimer.summary().regions == ()\n"
         "assert not cudatimer.is_enabled()\n"
-        "print('ok')\n"
+        "r = cudatimer.cuda_region('r')\n"
+        "assert r is cudatimer._DEFAULT_REGIONS['r']  # cached: the next call is one dict hit\n"
+        "assert r(f) is f and r.__enter__() is r and r.__exit__(None, None, None) is None\n"
+        "try:\n"
+        "    cudatimer.cuda_region('')\n"
+        "except ValueError:\n"
+        "    print('ok')\n"
     )
     for value in ("1", "true", "YES"):
         out = run_python(code, {"CUDATIMER_DISABLE": value})

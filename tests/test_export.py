@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import cudatimer
-from cudatimer import Summary, Timer
+from cudatimer import Summary, Timer, _cuda
+from cudatimer._cuda import StreamEntry
 from cudatimer._export import REGION_COLUMNS, STEP_COLUMNS, TRACE_COLUMNS, dumps, save, to_csv
 from cudatimer._trace import to_chrome
 from tests.report_fixtures import assert_snapshot, gpu_run, host_run
@@ -336,12 +337,22 @@ class _Event:
 
 
 class _Entry:
+    """The fields of a StreamEntry that trace placement reads (StreamEntry.place runs on it)."""
+
     def __init__(self, stream: int, ref_ms: float, ref_ns: int) -> None:
         self.key = (stream, 0, 1)
         self.device = 0
-        self.ref = _Event(ref_ms)
+        self.clock = "cuda:0"
+        self.ref = self.anchor = _Event(ref_ms)
+        self.anchor_ms = 0.0
         self.ref_ns = ref_ns
         self.pool: list[Any] = []
+
+    def sample(self, start_ms: float, end_ms: float) -> tuple[float | None, float]:
+        """(GPU start on the host clock, gpu ms) as the harvest stores them in the ring."""
+        start, end = _Event(start_ms), _Event(end_ms)
+        at_ns, _ = StreamEntry.place(self, start)  # type: ignore[arg-type]
+        return at_ns, start.elapsed_time(end)
 
 
 def _fake_gpu_timer() -> Timer:
@@ -350,16 +361,16 @@ def _fake_gpu_timer() -> Timer:
     tid = threading.get_ident()
     s7 = _Entry(7, ref_ms=0.0, ref_ns=10**9)
     s9 = _Entry(9, ref_ms=0.0, ref_ns=10**9 + 50_000)  # seen 0.05 ms later
-    h, ms, ev = 10**9, 1_000_000, _Event  # host ns of the reference, ns per ms
+    h, ms = 10**9, 1_000_000  # host ns of the reference, ns per ms
     t._trace.extend(
         [
             ("load", "host", None, None, None, h + ms // 10, 0.3, 0, tid),
-            ("outer", "cuda:0", s7, ev(2.0), ev(10.0), h + ms // 2, 1.0, 0, tid),
-            ("outer/inner", "cuda:0", s7, ev(3.0), ev(5.0), h + 6 * ms // 10, 0.2, 0, tid),
-            ("side", "cuda:0", s9, ev(1.0), ev(2.0), h + 7 * ms // 10, 0.1, 0, tid),
+            ("outer", "cuda:0", s7, *s7.sample(2.0, 10.0), h + ms // 2, 1.0, 0, tid),
+            ("outer/inner", "cuda:0", s7, *s7.sample(3.0, 5.0), h + 6 * ms // 10, 0.2, 0, tid),
+            ("side", "cuda:0", s9, *s9.sample(1.0, 2.0), h + 7 * ms // 10, 0.1, 0, tid),
             # Two threads on stream 7 whose spans overlap without nesting.
-            ("a", "cuda:0", s7, ev(20.0), ev(30.0), h + 15 * ms, 1.0, 1, tid),
-            ("b", "cuda:0", s7, ev(25.0), ev(35.0), h + 16 * ms, 1.0, 1, 4242),
+            ("a", "cuda:0", s7, *s7.sample(20.0, 30.0), h + 15 * ms, 1.0, 1, tid),
+            ("b", "cuda:0", s7, *s7.sample(25.0, 35.0), h + 16 * ms, 1.0, 1, 4242),
         ]
     )
     t._step = 2  # as if step() had been called twice while these ran
@@ -396,25 +407,43 @@ def test_trace_tracks_streams_and_lanes() -> None:
     assert all(_nested(group) for group in tracks.values())
 
 
-def test_trace_keeps_precision_far_from_the_reference() -> None:
-    """An hour after the reference, float32 elapsed times are 0.25 ms coarse; spans placed
-    relative to the trace's earliest GPU sample keep microseconds and their nesting."""
+def test_trace_keeps_precision_far_from_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An hour after the reference, float32 elapsed times are 0.25 ms coarse; placement read
+    against an anchor that moves forward keeps microseconds and the spans' nesting."""
+
+    def run_for_an_hour(entry: _Entry) -> float:
+        ms = 0.0
+        for k in range(36_000):  # ~100 ms apart, irregularly (roundings differ)
+            ms += 100.0 + (k * 7919 % 1000) * 1e-4
+            entry.sample(ms, ms + 0.5)
+        return ms + 40.123456
+
+    single = _Entry(7, ref_ms=0.0, ref_ns=10**9)
+    with monkeypatch.context() as m:  # the anchor never moves: one float32 read from the ref
+        m.setattr(_cuda, "ANCHOR_HOP_MS", float("inf"))
+        at = run_for_an_hour(single)
+        coarse_ns, _ = single.sample(at, at + 0.008)
+    assert coarse_ns is not None and abs(coarse_ns - 10**9 - at * 1e6) > 10_000  # > 0.01 ms off
+
     t = Timer(name="far")
-    hour_ms = 3_600_000.0
     s7 = _Entry(7, ref_ms=0.0, ref_ns=10**9)
+    far = run_for_an_hour(s7)
+    assert s7.anchor is not s7.ref and 0 < far - s7.anchor_ms < 2 * _cuda.ANCHOR_HOP_MS
     tid = threading.get_ident()
-    host0 = 10**9 + int(hour_ms * 1e6)
-    far = hour_ms + 0.001, hour_ms + 0.009, hour_ms + 0.002, hour_ms + 0.005
+    host0 = 10**9 + int(far * 1e6)
     t._trace.extend(
         [
-            ("p", "cuda:0", s7, _Event(far[0]), _Event(far[1]), host0, 0.1, 0, tid),
-            ("p/c", "cuda:0", s7, _Event(far[2]), _Event(far[3]), host0, 0.05, 0, tid),
+            ("p", "cuda:0", s7, *s7.sample(far, far + 0.008), host0, 0.1, 0, tid),
+            ("p/c", "cuda:0", s7, *s7.sample(far + 0.001, far + 0.004), host0, 0.05, 0, tid),
         ]
     )
     samples = {s.name: s for s in t.summary(trace=True).trace}
-    assert samples["p/c"].gpu_start_ms - samples["p"].gpu_start_ms == pytest.approx(0.001, abs=1e-6)
-    assert samples["p/c"].gpu_ms == pytest.approx(0.003, abs=1e-6)
-    assert samples["p"].gpu_ms == pytest.approx(0.008, abs=1e-6)
+    assert samples["p/c"].gpu_start_ms - samples["p"].gpu_start_ms == pytest.approx(0.001, abs=1e-5)
+    assert samples["p/c"].gpu_ms == pytest.approx(0.003, abs=1e-5)
+    assert samples["p"].gpu_ms == pytest.approx(0.008, abs=1e-5)
+    # The absolute position: p's GPU start is `far` ms after the reference, whose host time
+    # is host0 - far ms (the trace's origin is the earliest instant, here p's GPU start).
+    assert samples["p"].gpu_start_ms - samples["p"].host_start_ms == pytest.approx(0, abs=1e-3)
 
 
 def test_trace_window_and_empty_trace(tmp_path: Path) -> None:

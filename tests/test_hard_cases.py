@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import multiprocessing
 import threading
 import time
@@ -130,8 +131,8 @@ def test_side_stream_results_wait_for_every_stream(gpu: FakeGPU) -> None:
     gpu.release()
     s = t.summary()
     assert s.pending == 0 and s["multi"].gpu_max_ms == pytest.approx(50.0)
-    # start + end kept by the trace window, the side end back in the pool
-    assert len(entry.pool) == pooled - 2
+    # all three back in the pool: the trace window keeps the sample's placement, not its events
+    assert len(entry.pool) == pooled
 
 
 def test_side_stream_equal_to_start_stream_records_one_end(gpu: FakeGPU) -> None:
@@ -615,6 +616,12 @@ def test_every_disabled_timer_counts_nothing() -> None:
 # -- reset and exit with samples pending -----------------------------------------------------------
 
 
+def free_events(entry: Any) -> int:
+    """Events in the stream's pools: the Python one and, on the compiled path, the C one."""
+    c_pool = _cuda._speedups.pooled(entry) if _cuda._speedups is not None else 0
+    return len(entry.pool) + c_pool
+
+
 def test_reset_with_pending_events_returns_them_and_drops_old_samples(gpu: FakeGPU) -> None:
     """reset() while samples are on the GPU: they never appear, their events go back to the
     pool, and regions after the reset are recorded."""
@@ -623,23 +630,38 @@ def test_reset_with_pending_events_returns_them_and_drops_old_samples(gpu: FakeG
         pass
     t.summary()
     entry = _cuda.BACKEND.entries[(0, 0, 1)]
-
-    def free_events() -> int:  # the Python pool and, on the compiled path, the C one
-        c_pool = _cuda._speedups.pooled(entry) if _cuda._speedups is not None else 0
-        return len(entry.pool) + c_pool
-
-    pooled = free_events()
+    pooled = free_events(entry)
     gpu.hold()
     for _ in range(10):
         with t.region("old"):
             gpu.run(1.0)
-    assert free_events() == pooled - 20
+    assert free_events(entry) == pooled - 20
     t.reset()
     gpu.release()
     with t.region("new"):
         pass
     assert calls(t) == {"new": 1}
-    assert free_events() == pooled
+    assert free_events(entry) == pooled
+
+
+def test_trace_window_keeps_numbers_not_events(gpu: FakeGPU) -> None:
+    """A full trace window holds no CUDA events: every event is back in the pool after the
+    harvest, and the spans still sit where the GPU ran them."""
+    t = Timer(name="ring", trace_samples=64)
+    for _ in range(50):  # the pool grows to what 50 regions between harvests need
+        with t.region("warm"):
+            gpu.run(10.0)  # and placement anchors itself far from the reference
+    t.summary()
+    entry = _cuda.BACKEND.entries[(0, 0, 1)]
+    pooled = free_events(entry)
+    for i in range(40):
+        with t.region("r"):
+            gpu.run(1.0 + i)
+    spans = [x for x in t.summary(trace=True).trace if x.name == "r"]
+    assert free_events(entry) == pooled
+    assert [round(x.gpu_ms or 0.0, 6) for x in spans] == [1.0 + i for i in range(40)]
+    starts = [x.gpu_start_ms or 0.0 for x in spans]
+    assert [round(b - a, 6) for a, b in itertools.pairwise(starts)] == [1.0 + i for i in range(39)]
 
 
 def test_at_exit_drops_pending_samples_and_later_regions_use_the_host_clock(

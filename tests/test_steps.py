@@ -11,6 +11,7 @@ import pytest
 
 import cudatimer
 from cudatimer import Histogram, StepStats, Timer
+from cudatimer import _steps as steps_module
 from cudatimer import _timer as timer_module
 from cudatimer._report import render
 from tests.report_fixtures import gpu_run
@@ -143,6 +144,34 @@ def test_dropped_steps_are_noted(clock: _Clock) -> None:
     assert s["outer/work"].calls == 4 + 5 + 6
     assert dict(s.meta)["window_note"] == "steps before 3 are no longer kept (keep_steps=3)"
     assert "steps before 3 are no longer kept" in render(s)
+
+
+def test_step_over_the_sample_cap_is_left_out(
+    clock: _Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A region that passes STEP_SAMPLE_CAP calls in one step drops that step's raw samples:
+    windows leave it out and say so; whole-run statistics still count every call."""
+    monkeypatch.setattr(steps_module, "STEP_SAMPLE_CAP", 5)
+    t = Timer(name="cap", clock="host")
+    _run(t, clock, [[1.0] * 7, [2.0] * 3])
+    s = t.summary(steps=range(0, 2))
+    assert s["outer/work"].calls == 3 and s["outer/work"].cpu_total_ms == pytest.approx(6.0)
+    note = dict(s.meta)["window_note"]
+    assert note.startswith("step 0 left out: a region ran more than 5 times in one step")
+    assert {x.step for x in t.step_series()} == {1}
+    assert t.summary()["outer/work"].calls == 10
+
+
+def test_raw_samples_stay_bounded_without_step_calls() -> None:
+    """A run that never calls step() keeps at most STEP_SAMPLE_CAP raw samples per region."""
+    t = Timer(name="no-steps", clock="host")
+    r = t.region("hot")
+    for _ in range(steps_module.STEP_SAMPLE_CAP + 100):
+        with r:
+            pass
+    kept = sum(len(cpu) for per_step in t._steps.values() for _, cpu in per_step.values())
+    assert kept == 0 and t._steps_over == {0}
+    assert t.summary()["hot"].calls == steps_module.STEP_SAMPLE_CAP + 100
 
 
 def test_window_report_note(clock: _Clock) -> None:
