@@ -311,8 +311,6 @@ typedef struct {
     PyObject *node; /* the Python _Node (strong) */
     int64_t gen;    /* node.gen: samples of a node older than the Timer's gen are dropped */
     DevStats *stats;
-    int64_t count_step; /* per-step samples of this node kept for count_step (see cap) */
-    Py_ssize_t count;
 } Slot;
 
 typedef struct {
@@ -343,8 +341,10 @@ typedef struct {
     SeriesItem *series;
     Py_ssize_t nseries, series_cap, series_limit;
     int64_t max_step;
-    Py_ssize_t step_cap; /* _steps.STEP_SAMPLE_CAP: per node and step */
-    int64_t *over;       /* steps where a node passed step_cap (Python drops their samples) */
+    Py_ssize_t step_cap; /* _steps.STEP_SAMPLE_CAP: raw samples one step may keep */
+    int64_t count_step;  /* the newest step seen and its samples so far */
+    Py_ssize_t count;
+    int64_t *over;       /* steps past step_cap since the last collect (Python drops them) */
     Py_ssize_t nover, over_cap;
     TraceItem *trace; /* ring of trace_samples */
     Py_ssize_t trace_first, ntrace;
@@ -760,8 +760,6 @@ slot_of(CoreObj *c, PyObject *node)
     c->slots[i].node = node;
     c->slots[i].gen = g;
     c->slots[i].stats = NULL;
-    c->slots[i].count_step = 0;
-    c->slots[i].count = 0;
     c->nslots++;
     return i;
 }
@@ -774,6 +772,26 @@ trace_clear(CoreObj *c)
     }
     c->ntrace = 0;
     c->trace_first = 0;
+}
+
+/* Step `step` passed step_cap: forget its raw samples here at once (memory stays bounded
+ * until the next collect) and tell the Python side, which drops its own. */
+static void
+step_over(CoreObj *c, int64_t step)
+{
+    Py_ssize_t k = 0;
+    for (Py_ssize_t j = 0; j < c->nseries; j++) {
+        if (c->series[j].step != step) {
+            c->series[k++] = c->series[j];
+        }
+    }
+    c->nseries = k;
+    if (grow((void **)&c->over, &c->over_cap, c->nover + 1, sizeof(int64_t)) == 0) {
+        c->over[c->nover++] = step;
+    }
+    else {
+        PyErr_Clear();
+    }
 }
 
 /* Fold one finished sample in (its events are back in the pool by now); gpu_at_ns places
@@ -797,21 +815,17 @@ core_record(CoreObj *c, PendItem *it, double gpu_ms, double gpu_at_ns, PyObject 
         if (it->step > c->max_step) {
             c->max_step = it->step;
         }
-        if (it->step > s->count_step) {
-            s->count_step = it->step;
-            s->count = 0;
+        if (it->step > c->count_step) {
+            c->count_step = it->step;
+            c->count = 0;
         }
-        if (it->step == s->count_step && ++s->count > c->step_cap) {
-            if (s->count == c->step_cap + 1
-                && (c->nover == 0 || c->over[c->nover - 1] != it->step)) {
-                if (grow((void **)&c->over, &c->over_cap, c->nover + 1, sizeof(int64_t)) == 0) {
-                    c->over[c->nover++] = it->step;
-                }
-                else {
-                    PyErr_Clear();
-                }
+        /* Samples of older steps (late harvests) are not counted here; the Python side's
+         * count, which sees them all when it takes them in, still caps them. */
+        if (it->step == c->count_step && ++c->count > c->step_cap) {
+            if (c->count == c->step_cap + 1) {
+                step_over(c, it->step);
             }
-            goto trace; /* that step's samples are dropped anyway: keep no more */
+            goto trace; /* the step's raw samples are dropped: keep no more of them */
         }
         if (c->nseries >= c->series_limit) {
             /* Steps older than the window are dropped by the Python side anyway. */
@@ -959,7 +973,7 @@ PyDoc_STRVAR(core_collect_doc,
 "stats: [(node, device, calls, gpu, cpu)] with histograms as (count, total, min, max, zeros,\n"
 "[(bucket, n)]); series: [(node, device, step, gpu_ms, cpu_ms)]; trace: [(node, entry,\n"
 "gpu_at_ns, gpu_ms, t0_ns, cpu_ms, step, tid)], gpu_at_ns None when it could not be read;\n"
-"over: [step] where some node passed step_cap samples (the series stops there).");
+"over: [step] whose samples passed step_cap (their series are dropped).");
 
 static PyObject *
 core_collect(CoreObj *self, PyObject *unused)
@@ -1053,11 +1067,11 @@ core_reset(CoreObj *self, PyObject *arg)
     self->gen = gen;
     for (Py_ssize_t i = 0; i < self->nslots; i++) {
         free_stats(&self->slots[i]);
-        self->slots[i].count_step = 0;
-        self->slots[i].count = 0;
     }
     self->nseries = 0;
     self->max_step = 0;
+    self->count_step = 0;
+    self->count = 0;
     self->nover = 0;
     if (self->trace != NULL) {
         trace_clear(self);
@@ -1137,7 +1151,9 @@ devrec_free(DevRec *d, PyObject *bury)
         DROP(it->e.ev);
         Py_DECREF(it->core);
     }
-    DROP(d->anchor.ev);
+    if (d->anchor.ev != NULL) {
+        DROP(d->anchor.ev);
+    }
     DROP(d->entry);
 #undef DROP
     Py_DECREF(d->stream);
@@ -1995,6 +2011,19 @@ null_call(PyObject *self, PyObject *args, PyObject *kwargs)
     return Py_NewRef(PyTuple_GET_ITEM(args, 0)); /* the function, undecorated */
 }
 
+static PyObject *
+null_name(PyObject *self, void *closure)
+{
+    (void)self;
+    (void)closure;
+    return PyUnicode_FromString("");
+}
+
+static PyGetSetDef null_getset[] = {
+    {"name", null_name, NULL, "\"\": a disabled region has no name.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyMethodDef null_methods[] = {
     {"__enter__", (PyCFunction)null_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)(void (*)(void))null_exit, METH_FASTCALL, NULL},
@@ -2010,6 +2039,7 @@ static PyTypeObject NullRegionType = {
     .tp_new = PyType_GenericNew,
     .tp_call = null_call,
     .tp_methods = null_methods,
+    .tp_getset = null_getset,
 };
 
 PyDoc_STRVAR(add_stream_doc,
@@ -2165,6 +2195,7 @@ forget_streams(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                     Py_INCREF(d->pend[d->pfirst + k].e.ev);
                 }
                 Py_INCREF(d->entry);
+                Py_XINCREF(d->anchor.ev);
             }
             devrec_free(d, grave);
         }

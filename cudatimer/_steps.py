@@ -28,11 +28,11 @@ __all__ = [
     "window_regions",
 ]
 
-# Raw samples one region keeps per step. A run that never calls step() is all step 0, and its
-# raw samples would grow 16 bytes per region for ever (17.7 MB per 10^6 regions, measured);
-# past this many calls of one region in one step, that step's raw samples are dropped and
-# windows leave it out with a note. 65536 samples are 1 MB (the compiled path holds 40 bytes
-# each until a report): far above the regions of a real training step.
+# Raw samples one step keeps. A run that never calls step() is all step 0, and its raw
+# samples would grow 16 bytes per region for ever (17.7 MB per 10^6 regions, measured); past
+# this many samples in one step, that step's raw samples are dropped and windows leave it out
+# with a note. 65536 samples are 1 MB (the compiled path holds 40 bytes each until a report,
+# 2.6 MB): far above the regions of a real training step.
 STEP_SAMPLE_CAP = 65536
 
 
@@ -129,7 +129,7 @@ def select(
     if gone:
         shown = ", ".join(str(s) for s in gone[:8]) + (", ..." if len(gone) > 8 else "")
         note = (
-            f"step{'s' if len(gone) > 1 else ''} {shown} left out: a region ran more than "
+            f"step{'s' if len(gone) > 1 else ''} {shown} left out: regions ran more than "
             f"{STEP_SAMPLE_CAP} times in one step, so its per-step samples were not kept "
             "(whole-run statistics still count them)"
         )

@@ -26,9 +26,10 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar
 
 import torch
+from typing_extensions import Unpack  # a dependency of torch; imported for get_type_hints
 
 from . import _cuda, _steps
 from ._config import DISABLED_AT_IMPORT, PURE_PYTHON
@@ -42,8 +43,6 @@ Clock = Literal["auto", "host"]
 _MODES = ("full", "nvtx", "events")
 _CLOCKS = ("auto", "host")
 
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
 
 
 class RegionOptions(TypedDict, total=False):
@@ -118,7 +117,8 @@ class _Node:
     def __init__(self, owner: Timer, name: str, parent: _Node | None) -> None:
         self.owner = owner
         self.gen = owner._gen  # reset() bumps the Timer's generation: older nodes are dead
-        self.last: tuple[int, str, Any] | None = None  # (step, clock, per-step series)
+        # (step, clock, per-step series, the step's sample count): see Timer._keep_sample
+        self.last: tuple[int, str, Any, list[int]] | None = None
         self.syncs = 0
         self.name = name
         self.path: str = name if parent is None or parent.path == "" else f"{parent.path}/{name}"
@@ -423,7 +423,9 @@ class _NullRegion:
 
 # The compiled twin (C enter/exit/call) when the module is built: what `with cuda_region()`
 # costs under CUDATIMER_DISABLE is then the with statement around a C object.
-NULL_REGION: _NullRegion = _speedups.NullRegion() if _speedups is not None else _NullRegion()
+NULL_REGION: _NullRegion = (
+    _speedups.NullRegion() if _speedups is not None and not PURE_PYTHON else _NullRegion()
+)
 
 # The compiled hot path: RegionBase.__enter__/__exit__ (C) do the common case of the Python
 # hooks above in one C call each, with the stack, statistics and harvest of that case in C
@@ -522,6 +524,8 @@ class Timer:
         # Steps whose raw samples were dropped: a region ran more than STEP_SAMPLE_CAP times in
         # them (a run that never calls step() is all step 0), so memory stays bounded.
         self._steps_over: set[int] = set()
+        # Raw samples taken per kept step so far, one shared cell per step (see _keep_sample).
+        self._step_counts: dict[int, list[int]] = {}
         # The last ``trace_samples`` samples, for trace export: (path, clock, entry, GPU start
         # on the host clock in ns or None, gpu ms, host start ns, cpu ms, step, thread id).
         self.trace_samples = trace_samples
@@ -965,19 +969,7 @@ class Timer:
             return  # recorded before reset(): discarded
         node.add(clock, gpu_ms, cpu_ms, skipped)
         if self.keep_steps:
-            # The node remembers its series of the current step: one tuple test per sample
-            # instead of two dict lookups and a key tuple.
-            last = node.last
-            if last is not None and last[0] == step and last[1] == clock:
-                series = last[2]
-            else:
-                series = self._series(node, clock, step)
-            if series is not None:
-                if len(series[1]) < _steps.STEP_SAMPLE_CAP:
-                    series[0].append(gpu_ms if gpu_ms is not None else _NAN)
-                    series[1].append(cpu_ms)
-                else:
-                    self._drop_step(step, node)
+            self._keep_sample(node, clock, step, gpu_ms if gpu_ms is not None else _NAN, cpu_ms)
         if not self.trace_samples:
             return
         ring = self._trace
@@ -985,36 +977,62 @@ class Timer:
             ring.popleft()
         ring.append((node.path, clock, entry, gpu_at_ns, gpu_ms, t0, cpu_ms, step, tid))
 
+    def _keep_sample(
+        self, node: _Node, clock: str, step: int, gpu_ms: float, cpu_ms: float
+    ) -> None:
+        """Append one raw sample to ``step``'s series (caller holds LOCK), up to
+        STEP_SAMPLE_CAP samples per step; past that the step's raw samples are dropped."""
+        # The node remembers its series of the current step and the step's sample count: one
+        # tuple test per sample instead of two dict lookups and a key tuple.
+        last = node.last
+        if last is None or last[0] != step or last[1] != clock:
+            last = self._series(node, clock, step)
+            if last is None:
+                return
+        count = last[3]
+        count[0] += 1
+        if count[0] <= _steps.STEP_SAMPLE_CAP:
+            series = last[2]
+            series[0].append(gpu_ms)
+            series[1].append(cpu_ms)
+        else:
+            self._drop_step(step)
+
     def _series(
         self, node: _Node, clock: str, step: int
-    ) -> tuple[array[float], array[float]] | None:
-        """The per-step raw series of ``node`` on ``clock`` in ``step`` (made if new); None
-        for a step whose samples were dropped."""
+    ) -> tuple[int, str, Any, list[int]] | None:
+        """``node``'s cache entry for ``clock`` in ``step``: (step, clock, (gpu ms, cpu ms)
+        series, the step's sample count), the series made if new; None for a dropped step."""
         if step in self._steps_over:
             node.last = None
             return None
         per_step = self._steps.get(step)
         if per_step is None:
             per_step = self._steps[step] = {}
+            self._step_counts[step] = [0]
             if len(self._steps) > self.keep_steps:
-                del self._steps[next(iter(self._steps))]
+                oldest = next(iter(self._steps))
+                del self._steps[oldest]
+                self._step_counts.pop(oldest, None)
+                self._steps_over.discard(oldest)
         key = (node.path, clock)
         series = per_step.get(key)
         if series is None:
             series = per_step[key] = (array("d"), array("d"))
-        node.last = (step, clock, series)
-        return series
+        node.last = (step, clock, series, self._step_counts[step])
+        return node.last
 
-    def _drop_step(self, step: int, node: _Node | None = None) -> None:
-        """Forget the raw samples of ``step`` and keep no more of it (a region passed
-        STEP_SAMPLE_CAP samples in it); windows then leave it out and say so."""
-        self._steps.pop(step, None)
-        over = self._steps_over
-        over.add(step)
-        if len(over) > max(1, self.keep_steps):
-            over.discard(min(over))
-        if node is not None:
-            node.last = None
+    def _drop_step(self, step: int) -> None:
+        """Forget the raw samples of ``step`` and keep no more of it (it passed
+        STEP_SAMPLE_CAP samples); it keeps its place among the kept steps, empty, so windows
+        leave it out and say so, and older steps still age out on time."""
+        if step in self._steps_over:
+            return
+        self._steps_over.add(step)
+        if step in self._steps:
+            self._steps[step] = {}  # the same place in the order of steps
+        # Nodes that cached the step's series see the count past the cap and append no more;
+        # the arrays they still point at go when they move on to another step.
 
     def _absorb(self) -> None:
         """Take in what the compiled harvest recorded (caller holds LOCK): statistics merged
@@ -1037,14 +1055,7 @@ class Timer:
             acc.cpu.merge_counts(*cpu)
         for node, device, step, gpu_ms, cpu_ms in series:
             if node.gen == gen and self.keep_steps:
-                values = self._series(node, f"cuda:{device}", step)
-                if values is None:
-                    continue
-                if len(values[1]) < _steps.STEP_SAMPLE_CAP:
-                    values[0].append(gpu_ms)
-                    values[1].append(cpu_ms)
-                else:
-                    self._drop_step(step, node)
+                self._keep_sample(node, f"cuda:{device}", step, gpu_ms, cpu_ms)
         if not trace:
             return
         kept = [
@@ -1238,6 +1249,7 @@ class Timer:
             self._step = 0
             self._steps = {}
             self._steps_over = set()
+            self._step_counts = {}
             self._sync_sites = {}
             self._trace = deque()
             if self._core is not None:

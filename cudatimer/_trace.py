@@ -3,9 +3,11 @@
 GPU spans are placed on the GPU's own clock: each stream has a reference event recorded when
 the stream was first seen, and the harvest reads where each sample's start event happened
 after it (``StreamEntry.place``), so the ring holds numbers, not events. The read goes
-through an anchor event that moves forward every second, because ``cudaEventElapsedTime``
-returns a float32 of milliseconds (an hour after the reference only good to 0.25 ms); the
-anchors' positions add up in double, which keeps microseconds over hours.
+through an anchor event that moves forward along the traced samples once it is 100 ms behind,
+because ``cudaEventElapsedTime`` returns a float32 of milliseconds (an hour after the reference
+only good to 0.25 ms); the anchors' positions add up in double, which keeps microseconds over
+hours while samples keep coming. The first sample after a long gap is read across the whole
+gap: good to ~6e-8 of it (0.2 ms after an idle hour).
 
 Host spans (every region's enter to exit) go on one track per thread. GPU and host timelines
 are joined through the host clock read right after each reference event was recorded; the

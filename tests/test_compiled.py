@@ -167,8 +167,8 @@ def test_switching_paths_keeps_pending_samples(gpu: FakeGPU) -> None:
 def test_compiled_path_caps_raw_samples_per_step(
     gpu: FakeGPU, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The compiled harvest stops keeping a step's raw samples past STEP_SAMPLE_CAP, and the
-    window leaves that step out, as the Python path does."""
+    """The compiled harvest drops a step's raw samples past STEP_SAMPLE_CAP, and the window
+    leaves that step out, as the Python path does."""
     monkeypatch.setattr(_steps, "STEP_SAMPLE_CAP", 5)
     timer = Timer(name="cap-c")
     with timer.region("warm"):  # the stream's first region sets it up (general path)
@@ -178,7 +178,7 @@ def test_compiled_path_caps_raw_samples_per_step(
             gpu.run(1.0)
     assert timer._core.pending() == 7  # these went through the compiled path
     _cuda.BACKEND.drain(1.0)  # harvested in C, not yet handed to Python
-    assert timer._core.series == 5  # the C side stopped at the cap too (its memory)
+    assert timer._core.series == 0  # the C side dropped the step's samples at once (memory)
     timer.step()
     for _ in range(3):
         with timer.region("r"):

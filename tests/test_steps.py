@@ -149,21 +149,35 @@ def test_dropped_steps_are_noted(clock: _Clock) -> None:
 def test_step_over_the_sample_cap_is_left_out(
     clock: _Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A region that passes STEP_SAMPLE_CAP calls in one step drops that step's raw samples:
-    windows leave it out and say so; whole-run statistics still count every call."""
-    monkeypatch.setattr(steps_module, "STEP_SAMPLE_CAP", 5)
+    """A step past STEP_SAMPLE_CAP raw samples drops them: windows leave it out and say so;
+    whole-run statistics still count every call."""
+    monkeypatch.setattr(steps_module, "STEP_SAMPLE_CAP", 8)
     t = Timer(name="cap", clock="host")
-    _run(t, clock, [[1.0] * 7, [2.0] * 3])
+    _run(t, clock, [[1.0] * 7, [2.0] * 3])  # 14 samples (outer and outer/work), then 6
     s = t.summary(steps=range(0, 2))
     assert s["outer/work"].calls == 3 and s["outer/work"].cpu_total_ms == pytest.approx(6.0)
     note = dict(s.meta)["window_note"]
-    assert note.startswith("step 0 left out: a region ran more than 5 times in one step")
+    assert note.startswith("step 0 left out: regions ran more than 8 times in one step")
     assert {x.step for x in t.step_series()} == {1}
     assert t.summary()["outer/work"].calls == 10
 
 
+def test_dropped_step_still_ages_out_on_time(
+    clock: _Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dropped step keeps its place among the last keep_steps steps: older steps still age
+    out, and a window over them says they are no longer kept."""
+    monkeypatch.setattr(steps_module, "STEP_SAMPLE_CAP", 8)
+    t = Timer(name="age", clock="host", keep_steps=3)
+    _run(t, clock, [[1.0], [1.0], [1.0], [1.0], [1.0] * 5, [1.0]])  # step 4 is dropped
+    s = t.summary(steps=range(0, 6))
+    assert s["outer/work"].calls == 2  # steps 3 and 5
+    note = dict(s.meta)["window_note"]
+    assert "step 4 left out" in note and "steps before 3 are no longer kept" in note
+
+
 def test_raw_samples_stay_bounded_without_step_calls() -> None:
-    """A run that never calls step() keeps at most STEP_SAMPLE_CAP raw samples per region."""
+    """A run that never calls step() keeps at most STEP_SAMPLE_CAP raw samples."""
     t = Timer(name="no-steps", clock="host")
     r = t.region("hot")
     for _ in range(steps_module.STEP_SAMPLE_CAP + 100):
