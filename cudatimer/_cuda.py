@@ -187,8 +187,7 @@ class StreamEntry:
     def take_recorded(self) -> Any:
         """A pooled event recorded on this stream now: the Python twin of the compiled
         ``_speedups.take_record(entry)``, which calls this when it cannot record itself."""
-        pool = self.pool
-        event = pool.pop() if pool else self.make_event()
+        event = self.take()
         event.record(self.stream)
         return event
 
@@ -463,7 +462,8 @@ class Backend:
 
     def _bury_timer_events(self) -> None:
         """In a forked child: regions open on this thread at the fork close on the host clock
-        (their start event belongs to the parent), and trace windows let go of their events."""
+        (their start event belongs to the parent), and trace windows let go of the parent's
+        stream entries, which own CUDA events (the reference and the placement anchor)."""
         from ._timer import _TIMERS
 
         for timer in list(_TIMERS):

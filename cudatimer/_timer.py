@@ -44,7 +44,6 @@ _MODES = ("full", "nvtx", "events")
 _CLOCKS = ("auto", "host")
 
 
-
 class RegionOptions(TypedDict, total=False):
     """The options of ``Timer.region`` (see there)."""
 
@@ -521,10 +520,9 @@ class Timer:
         # statistics live in the nodes and never depend on this window.
         self.keep_steps = keep_steps
         self._steps: dict[int, dict[tuple[str, str], tuple[array[float], array[float]]]] = {}
-        # Steps whose raw samples were dropped: a region ran more than STEP_SAMPLE_CAP times in
-        # them (a run that never calls step() is all step 0), so memory stays bounded.
-        self._steps_over: set[int] = set()
         # Raw samples taken per kept step so far, one shared cell per step (see _keep_sample).
+        # Past STEP_SAMPLE_CAP the step's raw samples are dropped (a run that never calls
+        # step() is all step 0), so memory stays bounded: see _dropped_steps.
         self._step_counts: dict[int, list[int]] = {}
         # The last ``trace_samples`` samples, for trace export: (path, clock, entry, GPU start
         # on the host clock in ns or None, gpu ms, host start ns, cpu ms, step, thread id).
@@ -576,11 +574,12 @@ class Timer:
                 cached = None
             if cached is not None and not _is_dynamo_compiling():
                 return cached
-        return self._region(name, **options)
+        return self._region(name, plain, **options)
 
     def _region(
         self,
         name: str,
+        plain: bool,
         *,
         mode: Mode | None = None,
         color: int | str | None = None,
@@ -590,16 +589,8 @@ class Timer:
         streams: Iterable[Any] | None = None,
         every: int | None = None,
     ) -> Region:
-        """``region`` past its cache: checks the options and makes (or caches) the region."""
-        plain = (  # no options: the region is cached by name
-            mode is None
-            and color is None
-            and category is None
-            and payload is None
-            and clock is None
-            and streams is None
-            and every is None
-        )
+        """``region`` past its cache: checks the options and makes the region (cached by name
+        when ``plain``: no options, or all None)."""
         if _is_compiling():
             # Dynamo traces this call (`with cuda_region(...)` in compiled code). It cannot
             # enter a context manager made outside the traced code (an error under
@@ -608,7 +599,7 @@ class Timer:
         if plain:
             if DISABLED_AT_IMPORT:
                 # Cached like a real region, so `with cuda_region("x"):` is one dict hit and
-                # an empty C enter/exit: +112 ns a call, 576 ns when every call came down here
+                # an empty C enter/exit: +114 ns a call, 576 ns when every call came down here
                 # (benchmarks/disabled_cost.py).
                 self._regions[_check_name(name)] = NULL_REGION  # type: ignore[assignment]
                 return NULL_REGION  # type: ignore[return-value]
@@ -1003,9 +994,20 @@ class Timer:
     ) -> tuple[int, str, Any, list[int]] | None:
         """``node``'s cache entry for ``clock`` in ``step``: (step, clock, (gpu ms, cpu ms)
         series, the step's sample count), the series made if new; None for a dropped step."""
-        if step in self._steps_over:
+        per_step, count = self._kept_step(step)
+        if count[0] > _steps.STEP_SAMPLE_CAP:
             node.last = None
             return None
+        key = (node.path, clock)
+        series = per_step.get(key)
+        if series is None:
+            series = per_step[key] = (array("d"), array("d"))
+        node.last = (step, clock, series, count)
+        return node.last
+
+    def _kept_step(self, step: int) -> tuple[dict[tuple[str, str], Any], list[int]]:
+        """The raw series of ``step`` and its sample count, made if new (the oldest kept step
+        then goes once there are more than ``keep_steps``)."""
         per_step = self._steps.get(step)
         if per_step is None:
             per_step = self._steps[step] = {}
@@ -1013,26 +1015,23 @@ class Timer:
             if len(self._steps) > self.keep_steps:
                 oldest = next(iter(self._steps))
                 del self._steps[oldest]
-                self._step_counts.pop(oldest, None)
-                self._steps_over.discard(oldest)
-        key = (node.path, clock)
-        series = per_step.get(key)
-        if series is None:
-            series = per_step[key] = (array("d"), array("d"))
-        node.last = (step, clock, series, self._step_counts[step])
-        return node.last
+                del self._step_counts[oldest]
+        return per_step, self._step_counts[step]
 
     def _drop_step(self, step: int) -> None:
         """Forget the raw samples of ``step`` and keep no more of it (it passed
         STEP_SAMPLE_CAP samples); it keeps its place among the kept steps, empty, so windows
         leave it out and say so, and older steps still age out on time."""
-        if step in self._steps_over:
-            return
-        self._steps_over.add(step)
-        if step in self._steps:
-            self._steps[step] = {}  # the same place in the order of steps
+        per_step, count = self._kept_step(step)
+        per_step.clear()
+        count[0] = max(count[0], _steps.STEP_SAMPLE_CAP + 1)
         # Nodes that cached the step's series see the count past the cap and append no more;
         # the arrays they still point at go when they move on to another step.
+
+    def _dropped_steps(self) -> set[int]:
+        """Kept steps whose raw samples were dropped (past STEP_SAMPLE_CAP)."""
+        cap = _steps.STEP_SAMPLE_CAP
+        return {step for step, count in self._step_counts.items() if count[0] > cap}
 
     def _absorb(self) -> None:
         """Take in what the compiled harvest recorded (caller holds LOCK): statistics merged
@@ -1148,7 +1147,7 @@ class Timer:
                 self._step,
                 _steps.oldest_kept(self),
                 self.keep_steps,
-                dropped=self._steps_over,
+                dropped=self._dropped_steps(),
                 **window_args,
             )
             per_step = _steps.step_stats(self, window) if step_stats else ()
@@ -1248,7 +1247,6 @@ class Timer:
             self._root = _Node(self, "", None)
             self._step = 0
             self._steps = {}
-            self._steps_over = set()
             self._step_counts = {}
             self._sync_sites = {}
             self._trace = deque()

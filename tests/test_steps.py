@@ -184,7 +184,7 @@ def test_raw_samples_stay_bounded_without_step_calls() -> None:
         with r:
             pass
     kept = sum(len(cpu) for per_step in t._steps.values() for _, cpu in per_step.values())
-    assert kept == 0 and t._steps_over == {0}
+    assert kept == 0 and t._dropped_steps() == {0}
     assert t.summary()["hot"].calls == steps_module.STEP_SAMPLE_CAP + 100
 
 
