@@ -419,12 +419,15 @@ def render_markdown(
     for sp in separate:
         if not sp.runs:
             continue  # it measured nothing: its row says why, and the Notes
+        peers = [k for run in sp.runs.values() for k in run.timers if k != sp.key]
+        peers = list(dict.fromkeys(peers))  # first-seen order, once each
+        named = ", ".join(peers[:-1]) + f" and {peers[-1]}" if len(peers) > 1 else "".join(peers)
         parts += [
             f"Rows marked '{SEPARATE_STATUS}' were measured in a separate process, against "
-            f"that process's own baseline. {sp.key} cannot share a process with torch.profiler "
-            f"({sp.why}). So a child process that never uses torch.profiler ran its own none, "
-            f"floor and cudatimer blocks interleaved with {sp.key}'s, and those rows' ratios "
-            f"are to that process's none and floor. Raw numbers: {sp.path or 'n/a'}.",
+            f"that process's own baseline. {sp.key} runs in a process of its own ({sp.why}): "
+            f"that process ran its own {named or 'no other'} blocks interleaved "
+            f"with {sp.key}'s, and those rows' ratios are to that process's none and floor. "
+            f"Raw numbers: {sp.path or 'n/a'}.",
             "",
         ]
     parts += [markdown_table(MAIN_COLUMNS, main_rows(runs, separate)), ""]

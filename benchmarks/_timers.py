@@ -162,20 +162,25 @@ class Cudatimer(TimerAdapter):
         return text
 
 
+#: What the pure-Python core's process is started with: cudatimer picks its core once, at
+#: import, so the two cores cannot be switched inside one process.
+PURE_PYTHON_ENV = (("CUDATIMER_PURE_PYTHON", "1"),)
+
+
 class CudatimerPure(Cudatimer):
-    """cudatimer with its compiled hot path switched off for this timer's timed blocks (the
-    pure Python path, what an install without a C compiler runs)."""
+    """cudatimer on its pure-Python core (``cudatimer._core_py``, what an install without a C
+    compiler runs). Only in a process started with ``CUDATIMER_PURE_PYTHON=1``: the suite
+    measures it in a process of its own (``run.py --child cudatimer-py``)."""
 
-    def start_round(self) -> None:
-        from cudatimer import _timer
+    def __init__(self) -> None:
+        from cudatimer import _core
 
-        self._was = _timer.compiled()
-        _timer.use_compiled(False)
-
-    def end_round(self) -> None:
-        from cudatimer import _timer
-
-        _timer.use_compiled(getattr(self, "_was", True))
+        if _core.IMPL != "python":
+            raise SkipTimer(
+                "needs a process started with CUDATIMER_PURE_PYTHON=1 (the core is chosen at "
+                f"import; this one runs the {_core.IMPL} core)"
+            )
+        super().__init__("full")
 
 
 class CudatimerTimed(Cudatimer):
@@ -531,6 +536,12 @@ class TimerSpec:
     no_checks: str | None = None
     #: Measured in a separate process of its own (why); None: in the main process.
     own_process: str | None = None
+    #: Environment variables that process is started with (on top of the suite's own).
+    env: tuple[tuple[str, str], ...] = ()
+    #: The timers that process measures next to this one: its rows read against them.
+    peers: tuple[str, ...] = ("none", "floor", "cudatimer")
+    #: A quick check that the timer works in that process (None: works, else the error).
+    quick_check: Callable[[str], str | None] | None = None
 
 
 TIMERS: tuple[TimerSpec, ...] = (
@@ -550,9 +561,17 @@ TIMERS: tuple[TimerSpec, ...] = (
     ),
     TimerSpec(
         "cudatimer-py",
-        "cudatimer.Timer() region with the compiled hot path switched off (pure Python)",
+        "cudatimer.Timer() region on the pure-Python core (CUDATIMER_PURE_PYTHON=1)",
         CudatimerPure,
-        no_checks="same recorder as cudatimer",
+        # Its own process runs the report and memory checks too: another core, other numbers.
+        full_memory_run=True,
+        own_process=(
+            "cudatimer chooses its core once, at import: the pure-Python core runs in a process "
+            "started with CUDATIMER_PURE_PYTHON=1"
+        ),
+        env=PURE_PYTHON_ENV,
+        # Its own process's cudatimer would be the pure-Python core too: no peer of it there.
+        peers=("none", "floor"),
     ),
     TimerSpec(
         "cudatimer-timed",
@@ -620,6 +639,7 @@ TIMERS: tuple[TimerSpec, ...] = (
             "CUPTI takes one subscriber per process; next to torch.profiler, Proton's start "
             "raised 'Failed to execute cuptiSubscribe with error 39'"
         ),
+        quick_check=proton_check,
     ),
 )
 

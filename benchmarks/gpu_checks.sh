@@ -10,8 +10,13 @@ step() { echo; echo "=== $* ==="; }
 {
   step "device"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv
   python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
-  step "pytest gpu"
+  # Once per recorder core: the C one (where built) and the pure-Python reference (the core is
+  # chosen at import, by CUDATIMER_PURE_PYTHON).
+  step "pytest gpu (core: C where built)"
+  python3 -c "import cudatimer; print('compiled', cudatimer.compiled())"
   python3 -m pytest -q -p no:cacheprovider -rs -m "gpu and not multigpu" tests/gpu tests/test_compile.py 2>&1 | tail -60
+  step "pytest gpu (core: pure Python)"
+  CUDATIMER_PURE_PYTHON=1 python3 -m pytest -q -p no:cacheprovider -rs -m "gpu and not multigpu" tests/gpu tests/test_compile.py 2>&1 | tail -60
   step "hot path"
   python3 benchmarks/hotpath.py --rounds 21 --iters 20
   step "quickstart"

@@ -16,6 +16,11 @@ every microsecond a region adds shows. The same loop's time moves by 20-40% betw
 floor's. ``--workload compute`` runs the compute-bound loop instead (16 x Linear(4096), batch
 8192, bf16), where the question is the slowdown, not the ratio to the floor.
 
+cudatimer chooses its core once, at import, so ``cudatimer-py`` (the pure-Python core) is
+measured by a second run of this script, after this one's rounds, in a process started with
+CUDATIMER_PURE_PYTHON=1: its own none, floor and cudatimer rounds, and its row reads against
+that process's none and floor.
+
     python benchmarks/hotpath.py --rounds 400 --iters 3 --pin 5
     python benchmarks/hotpath.py --workload compute --rounds 200 --iters 1 --pin 5
 """
@@ -24,11 +29,14 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import math
 import os
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -38,6 +46,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cudatimer
+from cudatimer import _core, _device
 
 
 def build(device: str, workload: str) -> tuple[list[torch.nn.Module], torch.Tensor]:
@@ -89,21 +98,26 @@ class FloorPool:
         self.events[i].record(self.stream)
 
 
-def variants(device: str) -> dict[str, Callable[[], AbstractContextManager[object]]]:
+def variants(
+    device: str, pure_child: bool = False
+) -> dict[str, Callable[[], AbstractContextManager[object]]]:
+    """Every variant; ``pure_child``: only what the pure-Python core's process measures (its
+    none, floor and cudatimer)."""
     null = nullcontext()
     out: dict[str, Callable[[], AbstractContextManager[object]]] = {"none": lambda: null}
     if device == "cuda":
         floor = Floor()
         out["floor"] = lambda: floor  # type: ignore[assignment,return-value]
-        floor_pool = FloorPool()
-        out["floor-pool"] = lambda: floor_pool  # type: ignore[assignment,return-value]
+        if not pure_child:
+            floor_pool = FloorPool()
+            out["floor-pool"] = lambda: floor_pool  # type: ignore[assignment,return-value]
     full = cudatimer.Timer(name="full")
+    out["cudatimer"] = lambda: full.region("layer")
+    if pure_child:
+        return out
     events = cudatimer.Timer(name="events", mode="events")
     nvtx_only = cudatimer.Timer(name="nvtx", mode="nvtx")
     off = cudatimer.Timer(name="off", enabled=False)
-    out["cudatimer"] = lambda: full.region("layer")
-    # The same Timer with the compiled event calls switched off (the pure Python path).
-    out["cudatimer-py"] = lambda: full.region("layer")
     held = full.region("layer")
     out["cudatimer-held"] = lambda: held  # the Region object kept, not looked up per call
     notrace = cudatimer.Timer(name="notrace", trace_samples=0)
@@ -145,29 +159,59 @@ def mean_interval(values: list[float], rng: random.Random, draws: int = 400) -> 
     return means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
 
 
+PURE_ROW = "cudatimer-py"  # the pure-Python core's cudatimer, from its own process
+
+
+def measure_pure(args: argparse.Namespace) -> dict[str, list[float]] | str:
+    """Run this script again in a process started with CUDATIMER_PURE_PYTHON=1 (its none,
+    floor and cudatimer rounds); its per-round times, or why there are none."""
+    with tempfile.TemporaryDirectory(prefix="hotpath-") as d:
+        path = Path(d) / "pure.json"
+        argv = [sys.executable, str(Path(__file__).resolve()), "--pure-child", str(path)]
+        argv += ["--rounds", str(args.rounds), "--iters", str(args.iters)]
+        argv += ["--workload", args.workload]
+        if args.pin is not None:
+            argv += ["--pin", str(args.pin)]
+        env = {**os.environ, "CUDATIMER_PURE_PYTHON": "1"}
+        done = subprocess.run(argv, env=env, capture_output=True, text=True)
+        if done.returncode != 0 or not path.exists():
+            tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+            return f"its process exited with rc {done.returncode}: {tail}"
+        data = json.loads(path.read_text())
+    if data.get("core") != "python":
+        return f"its process ran the {data.get('core')} core, not the Python one"
+    times: dict[str, list[float]] = data["times"]
+    return times
+
+
 def main() -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=400)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--pin", type=int, default=None, help="pin the process to this CPU core")
     p.add_argument("--workload", choices=("launch", "compute"), default="launch")
+    p.add_argument(
+        "--pure-child",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="internal: this process runs the pure-Python core (started with "
+        "CUDATIMER_PURE_PYTHON=1); measure none, floor and cudatimer, write the times to JSON",
+    )
     args = p.parse_args()
+    child = args.pure_child is not None
+    if child and _core.IMPL != "python":
+        raise SystemExit("--pure-child: start this process with CUDATIMER_PURE_PYTHON=1")
     if args.pin is not None:
         os.sched_setaffinity(0, {args.pin})
     device = "cuda" if torch.cuda.is_available() else "cpu"
     layers, x = build(device, args.workload)
     n = len(layers)
     gelu = torch.nn.functional.gelu
-    vs = variants(device)
+    vs = variants(device, pure_child=child)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
-    from cudatimer import _cuda, _timer
-
     def run(make: Callable[[], AbstractContextManager[object]], iters: int) -> float:
-        pure = make is vs.get("cudatimer-py")
-        compiled = _timer.compiled()
-        if pure:
-            _timer.use_compiled(False)
         sync()
         t0 = time.perf_counter()
         for _ in range(iters):
@@ -176,12 +220,9 @@ def main() -> str:
                 with make():
                     y = gelu(layer(y))
         sync()
-        dt = (time.perf_counter() - t0) / iters
-        if pure:
-            _timer.use_compiled(compiled)
-        return dt
+        return (time.perf_counter() - t0) / iters
 
-    for make in vs.values():  # warm-up: pools, stream entries, cuBLAS
+    for make in vs.values():  # warm-up: pools, stream records, cuBLAS
         run(make, 5)
         run(make, 5)
     keys = list(vs)
@@ -197,18 +238,20 @@ def main() -> str:
     finally:
         gc.enable()
         gc.unfreeze()
+    if child:
+        args.pure_child.write_text(json.dumps({"core": _core.IMPL, "times": times}))
+        return "pure-child"  # its parent prints the rows (and runs the micro-benchmarks)
+    pure = measure_pure(args)  # after this process's rounds: never two loops at once
     base = times["none"]
-    added = {
-        k: [(a - b) / n * 1e6 for a, b in zip(v, base, strict=True)] for k, v in times.items()
-    }
+    added = {k: [(a - b) / n * 1e6 for a, b in zip(v, base, strict=True)] for k, v in times.items()}
     floor = added.get("floor")
-    floor_us = trimmed_mean(floor) if floor else math.nan
     rng = random.Random(0)
     print(
         f"device={torch.cuda.get_device_name() if device == 'cuda' else 'cpu'} "
         f"torch={torch.__version__} workload={args.workload} rounds={args.rounds} "
         f"iters={args.iters} pin={args.pin} "
-        f"compiled={_timer.compiled()} runtime_bound={_cuda.RUNTIME_BOUND}"
+        f"core={_core.IMPL} compiled={cudatimer.compiled()} "
+        f"runtime_bound={_core.runtime_bound()}"
     )
     print(
         f"unwrapped loop: {statistics.median(base) * 1e3:.3f} ms/iter (median); "
@@ -218,19 +261,41 @@ def main() -> str:
         f"{'variant':<16} {'slowdown':>9} {'95% interval':>14} {'us/region':>10} "
         f"{'vs floor':>9} {'95% interval':>14}"
     )
-    for k in keys[1:]:
-        us = trimmed_mean(added[k])
-        if floor and k != "floor":
-            lo, hi = ratio_interval(added[k], floor, rng)
+
+    def row(k: str, own: list[float], none: list[float], floor_added: list[float] | None) -> None:
+        mine = [(a - b) / n * 1e6 for a, b in zip(own, none, strict=True)]
+        us = trimmed_mean(mine)
+        f_us = trimmed_mean(floor_added) if floor_added else math.nan
+        if floor_added and k != "floor":
+            lo, hi = ratio_interval(mine, floor_added, rng)
             ci = f"{lo:.2f}-{hi:.2f}"
         else:
             ci = ""
-        slow = [a / b for a, b in zip(times[k], base, strict=True)]
+        slow = [a / b for a, b in zip(own, none, strict=True)]
         s_lo, s_hi = mean_interval(slow, rng)
         print(
             f"{k:<16} {trimmed_mean(slow):9.4f} {f'{s_lo:.4f}-{s_hi:.4f}':>14} {us:10.2f} "
-            f"{us / floor_us:9.2f} {ci:>14}"
+            f"{us / f_us:9.2f} {ci:>14}"
         )
+
+    for k in keys[1:]:
+        row(k, times[k], base, floor)
+        if k == "cudatimer" and not isinstance(pure, str):
+            # Against its own process's none and floor (paired within that process's rounds).
+            p_none = pure["none"]
+            p_floor = pure.get("floor")
+            p_added = (
+                [(a - b) / n * 1e6 for a, b in zip(p_floor, p_none, strict=True)]
+                if p_floor
+                else None
+            )
+            row(PURE_ROW, pure["cudatimer"], p_none, p_added)
+    if isinstance(pure, str):  # every other row is printed; the run still fails
+        raise SystemExit(f"{PURE_ROW} was not measured: {pure}")
+    print(
+        f"({PURE_ROW}: the pure-Python core, measured in a process started with "
+        "CUDATIMER_PURE_PYTHON=1, against that process's own none and floor)"
+    )
     return str(args.workload)
 
 
@@ -259,22 +324,18 @@ def micro(n: int = 20000) -> None:
             pass
 
     cases["cudatimer enter+exit"] = region
-    from cudatimer import _cuda
+    region()  # the current stream's record exists from the first region on
+    rec = _core.stream_of(torch._C._cuda_getCurrentStream(-1))
+    assert rec is not None
 
-    entry = _cuda.BACKEND.entries[torch._C._cuda_getCurrentStream(-1)]
-    if _cuda.RUNTIME_BOUND:
-        from cudatimer import _speedups  # type: ignore[attr-defined]
+    def take() -> None:  # a pooled event recorded now (through the runtime where bound)
+        rec.give(rec.take())
 
-        def take_compiled() -> None:
-            entry.pool.append(_speedups.take_record(entry))
+    def take_torch() -> None:  # the same through torch's record
+        rec.give(rec.take(True))
 
-        cases["take_record (compiled)"] = take_compiled
-        cases["elapsed_ms (compiled)"] = lambda: _speedups.elapsed_ms(ev[0], ev[1])
-
-    def take_python() -> None:
-        entry.pool.append(entry.take_recorded())
-
-    cases["take_recorded (Python)"] = take_python
+    cases[f"StreamRec.take ({_core.IMPL})"] = take
+    cases[f"StreamRec.take(torch) ({_core.IMPL})"] = take_torch
     ev[1].record(stream)
     torch.cuda.synchronize()
     for name, fn in cases.items():
@@ -295,10 +356,8 @@ def micro(n: int = 20000) -> None:
 
 def split(n: int) -> None:
     """Hot path alone (harvesting held off) and resolution per sample, for two Timer setups."""
-    from cudatimer import _cuda
-
-    batch = _cuda.HARVEST_BATCH
-    _cuda.HARVEST_BATCH = 10**9  # read by both paths when they set their next harvest point
+    # The core reads it when it sets a stream's next harvest point (at each harvest).
+    _device.configure_core(harvest_batch=10**9)
     try:
         for label, kwargs in (
             ("defaults", {}),
@@ -309,9 +368,7 @@ def split(n: int) -> None:
             for _ in range(2):  # the first pass fills the event pool, the second is measured
                 with r:
                     pass
-                t.summary()  # a harvest: the next one is HARVEST_BATCH samples away
-                for entry in _cuda.BACKEND.entries.values():
-                    entry.check_at = 10**9
+                t.summary()  # a harvest: the next one is 10**9 samples away on every stream
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 for _ in range(n):
@@ -326,8 +383,8 @@ def split(n: int) -> None:
                 f"split {label:<20} enter+exit {hot:6.3f} us   resolution {resolve:6.3f} us/sample"
             )
     finally:
-        _cuda.HARVEST_BATCH = batch
-        t.summary()
+        _device.configure_core()
+        t.summary()  # harvest points back to HARVEST_BATCH samples away
 
 
 if __name__ == "__main__":

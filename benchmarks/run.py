@@ -11,8 +11,10 @@ Proton is measured in a child process of its own (``run.py --child proton ...``,
 the suite): CUPTI takes one subscriber per process, so Proton cannot run where torch.profiler
 runs (the torch-profiler timer, the sync count, the accuracy check). The child never uses
 torch.profiler and interleaves its own none, floor, cudatimer and proton blocks; its rows are
-merged into the tables with ratios against its own none and floor. GPU clocks are never locked
-or changed.
+merged into the tables with ratios against its own none and floor. cudatimer's pure-Python
+core (``cudatimer-py``) is measured the same way, in a child started with
+``CUDATIMER_PURE_PYTHON=1`` (cudatimer chooses its core once, at import), next to that
+process's none and floor. GPU clocks are never locked or changed.
 """
 
 from __future__ import annotations
@@ -45,9 +47,8 @@ CHECKS = ("syncs", "memory", "report", "accuracy", "resolution")
 _RECORD_NOTHING = ("cudatimer-nvtx", "cudatimer-off")  # by design: no samples to count
 #: Timers measured in a process of their own (spec.own_process says why).
 CHILD_KINDS = tuple(s.key for s in TIMERS if s.own_process)
-#: What a child process measures besides its own timer: a baseline, the floor and cudatimer,
-#: so its rows read against that process's own numbers.
-CHILD_PEERS = ("none", "floor", "cudatimer")
+#: What a child process measures besides its own timer (``spec.peers``: a baseline, the floor
+#: and cudatimer by default), so its rows read against that process's own numbers.
 #: The per-timer checks a child runs for its timer (the sync count needs torch.profiler).
 CHILD_CHECKS = ("report", "memory")
 #: Shares of --time-limit-s: the main process's workloads stop adding rounds past the first,
@@ -140,9 +141,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--child",
         choices=CHILD_KINDS,
         default=None,
-        help="internal: measure this timer in this process with "
-        + ", ".join(CHILD_PEERS)
-        + " as peers; writes <out>/<timer>_process.json (the suite starts it)",
+        help="internal: measure this timer in this process with its peers ("
+        + "; ".join(f"{k}: {', '.join(BY_KEY[k].peers)}" for k in CHILD_KINDS)
+        + "); writes <out>/<timer>_process.json (the suite starts it)",
     )
     args = p.parse_args(argv)
     if args.pin_cpu is not None:
@@ -155,7 +156,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     except argparse.ArgumentTypeError as exc:
         p.error(str(exc))
     if args.child is not None:
-        args.timer_list = [*CHILD_PEERS, args.child]
+        args.timer_list = [*BY_KEY[args.child].peers, args.child]
         args.check_list = [c for c in args.check_list if c in CHILD_CHECKS]
     if "none" not in args.timer_list:
         args.timer_list.insert(0, "none")  # every ratio is against it
@@ -280,9 +281,10 @@ class Suite:
                 self.skips[spec.key] = "needs CUDA (this run has no GPU)"
             elif spec.own_process and self.child is None:
                 self.skips[spec.key] = "measured in a separate process"
-        if self.child is not None and self.child not in self.skips:
+        check = BY_KEY[self.child].quick_check if self.child is not None else None
+        if self.child is not None and check is not None and self.child not in self.skips:
             log(f"quick check: a {self.child} session in this process")
-            self.check_error = _timers.proton_check(self.device)
+            self.check_error = check(self.device)
             if self.check_error is not None:
                 self.skips[self.child] = f"failed its quick check: {self.check_error}"
                 self.notes.append(f"{self.child} failed its quick check: {self.check_error}")
@@ -446,7 +448,7 @@ class Suite:
         path.unlink(missing_ok=True)
         argv = self._child_argv(spec.key, child_limit)
         log(f"{spec.key}: measuring in a separate process ({spec.own_process})")
-        log("  " + " ".join(argv[1:]))
+        log("  " + " ".join([*(f"{k}={v}" for k, v in spec.env), *argv[1:]]))
         tail: list[str] = []
         t0 = time.perf_counter()
         proc = subprocess.Popen(
@@ -455,7 +457,7 @@ class Suite:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=os.environ.copy(),
+            env={**os.environ, **dict(spec.env)},
         )
 
         def pump() -> None:

@@ -113,15 +113,7 @@ def report(*, all_ranks: bool = False, summary: Summary | None = None, **options
         from . import distributed
 
         return distributed.report(_DEFAULT if summary is None else summary, **options)
-    if summary is not None:
-        from ._report import emit, render
-
-        out = {k: options.pop(k) for k in ("file", "logger", "level") if k in options}
-        emit("", check_only=True, **out)
-        text = render(summary, **options)
-        emit(text, **out)
-        return text
-    return _DEFAULT.report(**options)
+    return _DEFAULT.report(summary=summary, **options)
 
 
 @overload
@@ -178,9 +170,9 @@ def is_enabled() -> bool:
 
 
 def compiled() -> bool:
-    """True when regions run the compiled hot path (``cudatimer._speedups``, built at install
-    where a C compiler is present; it records events through the CUDA runtime torch loaded);
-    False means the same logic runs in Python (not built, or ``CUDATIMER_PURE_PYTHON=1``).
+    """True when the recorder runs its C core (``cudatimer._speedups``, built at install where
+    a C compiler is present; it records events through the CUDA runtime torch loaded); False
+    means its Python reference runs (not built, or ``CUDATIMER_PURE_PYTHON=1``).
 
     >>> import cudatimer
     >>> isinstance(cudatimer.compiled(), bool)
@@ -214,12 +206,7 @@ def export_trace(
 ) -> None:
     """Write a Chrome/Perfetto trace (JSON) of the default Timer's last calls, or of
     ``summary.trace`` (e.g. a loaded run); open it in https://ui.perfetto.dev."""
-    if summary is not None:
-        from ._trace import write_chrome
-
-        write_chrome(summary, path)
-    else:
-        _DEFAULT.export_trace(path, **window)
+    _DEFAULT.export_trace(path, summary=summary, **window)
 
 
 def to_csv(
@@ -231,22 +218,13 @@ def to_csv(
 ) -> None:
     """Write regions, per-step stats (``what="steps"``) or trace samples (``"trace"``) as CSV,
     of the default Timer or of ``summary``."""
-    if summary is not None:
-        from ._export import to_csv as write
-
-        write(summary, path, what=what)
-    else:
-        _DEFAULT.to_csv(path, what=what, **window)
+    _DEFAULT.to_csv(path, what=what, summary=summary, **window)
 
 
 def to_dataframe(*, what: str = "regions", summary: Summary | None = None, **window: Any) -> Any:
     """A pandas DataFrame of regions, per-step stats (``what="steps"``) or trace samples
     (``"trace"``), of the default Timer or of ``summary``. Needs pandas."""
-    if summary is not None:
-        from ._export import to_dataframe as frame
-
-        return frame(summary, what=what)
-    return _DEFAULT.to_dataframe(what=what, **window)
+    return _DEFAULT.to_dataframe(what=what, summary=summary, **window)
 
 
 def plot(
@@ -258,12 +236,7 @@ def plot(
 ) -> None:
     """Write a PNG of where time goes (top regions, GPU vs CPU, time per step) for the default
     Timer or ``summary``. Needs matplotlib."""
-    if summary is not None:
-        from ._plot import plot as draw
-
-        draw(summary, path, top=top)
-    else:
-        _DEFAULT.plot(path, top=top, **window)
+    _DEFAULT.plot(path, summary=summary, top=top, **window)
 
 
 if _exit.ENABLED:

@@ -40,6 +40,9 @@ REGION_COLUMNS = (
     "cpu_total_ms",
     "cpu_mean_ms",
     "cpu_min_ms",
+    "cpu_p50_ms",
+    "cpu_p90_ms",
+    "cpu_p99_ms",
     "cpu_max_ms",
 )
 STEP_COLUMNS = tuple(f.name for f in dataclasses.fields(StepStats))

@@ -258,7 +258,7 @@ def _tensors(obj: Any, found: list[torch.Tensor], depth: int = 0) -> None:
 
 def _backward_hooks(region: Region) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Wrap a forward so that each call hooks its outputs and inputs for ``region``."""
-    timer = region.timer
+    rec = region.timer.recorder
 
     def inner(forward: Callable[..., Any]) -> Callable[..., Any]:
         def forward_hooking_backward(*args: Any, **kwargs: Any) -> Any:
@@ -277,11 +277,11 @@ def _backward_hooks(region: Region) -> Callable[[Callable[..., Any]], Callable[.
 
             def begin(grad: Any) -> None:
                 if not token:
-                    token.append(timer._begin(region))
+                    token.append(rec.begin(region))
 
             def end(grad: Any) -> None:
                 if token and token[0] is not False:
-                    timer._end(region, token[0])
+                    rec.end(region, token[0])
                     token[0] = False  # closed: later input gradients change nothing
 
             for t in outputs:

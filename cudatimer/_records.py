@@ -77,6 +77,9 @@ class RegionStats:
     cpu_total_ms: float = field(init=False)
     cpu_mean_ms: float = field(init=False)
     cpu_min_ms: float = field(init=False)
+    cpu_p50_ms: float = field(init=False)
+    cpu_p90_ms: float = field(init=False)
+    cpu_p99_ms: float = field(init=False)
     cpu_max_ms: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -94,6 +97,9 @@ class RegionStats:
         put(self, "cpu_total_ms", c.total)
         put(self, "cpu_mean_ms", c.mean)
         put(self, "cpu_min_ms", c.min if c.count else math.nan)
+        put(self, "cpu_p50_ms", c.quantile(0.5))  # NaN when empty, as the mean
+        put(self, "cpu_p90_ms", c.quantile(0.9))
+        put(self, "cpu_p99_ms", c.quantile(0.99))
         put(self, "cpu_max_ms", c.max if c.count else math.nan)
 
     @property

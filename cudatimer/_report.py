@@ -152,9 +152,9 @@ COLUMNS: dict[str, tuple[str, _Cell]] = {
     "cpu_mean": ("cpu mean ms", lambda row, _: _ms(row.r.cpu_mean_ms)),
     "cpu_min": ("cpu min ms", lambda row, _: _ms(row.r.cpu_min_ms)),
     "cpu_max": ("cpu max ms", lambda row, _: _ms(row.r.cpu_max_ms)),
-    "cpu_p50": ("cpu p50 ms", lambda row, _: _ms(row.r.cpu.quantile(0.5))),
-    "cpu_p90": ("cpu p90 ms", lambda row, _: _ms(row.r.cpu.quantile(0.9))),
-    "cpu_p99": ("cpu p99 ms", lambda row, _: _ms(row.r.cpu.quantile(0.99))),
+    "cpu_p50": ("cpu p50 ms", lambda row, _: _ms(row.r.cpu_p50_ms)),
+    "cpu_p90": ("cpu p90 ms", lambda row, _: _ms(row.r.cpu_p90_ms)),
+    "cpu_p99": ("cpu p99 ms", lambda row, _: _ms(row.r.cpu_p99_ms)),
     "pct_parent": ("% parent", lambda row, _: _pct(row.of_parent)),
     "pct_total": ("% total", lambda row, _: _pct(row.share)),
     "per_step": (

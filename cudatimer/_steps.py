@@ -1,14 +1,14 @@
 """Step windows: which steps a report covers, and statistics rebuilt from per-step samples.
 
-``Timer._steps`` keeps the raw durations of the last ``keep_steps`` steps (8 bytes a sample),
-so a window's percentiles are computed from exact values, not from bucketed whole-run ones.
-Everything here reads; callers hold ``_cuda.LOCK`` where the Timer's structures are touched.
+The store keeps the raw durations of the last ``keep_steps`` steps (16 bytes a sample: GPU and
+host), so a window's percentiles are computed from exact values, not from bucketed whole-run
+ones. Everything here reads a snapshot (``_recorder.View``); nothing changes the store.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -16,12 +16,11 @@ from ._hist import HistBuilder
 from ._records import RegionStats, StepStats
 
 if TYPE_CHECKING:
-    from ._timer import Timer, _Node
+    from ._view import View
 
 __all__ = [
     "STEP_SAMPLE_CAP",
     "Window",
-    "oldest_kept",
     "select",
     "step_stats",
     "window_meta",
@@ -31,8 +30,7 @@ __all__ = [
 # Raw samples one step keeps. A run that never calls step() is all step 0, and its raw
 # samples would grow 16 bytes per region for ever (17.7 MB per 10^6 regions, measured); past
 # this many samples in one step, that step's raw samples are dropped and windows leave it out
-# with a note. 65536 samples are 1 MB (the compiled path holds 40 bytes each until a report,
-# 2.6 MB): far above the regions of a real training step.
+# with a note. 65536 samples are 1 MB: far above the regions of a real training step.
 STEP_SAMPLE_CAP = 65536
 
 
@@ -83,7 +81,7 @@ def select(
 ) -> Window | None:
     """Validate the window options; None means the whole run (every call ever recorded).
 
-    ``current`` is the step in progress (``Timer._step``). Without ``steps=``, a window covers
+    ``current`` is the step in progress (``Store.step``). Without ``steps=``, a window covers
     finished steps only (``warmup <= step < current``), the last ``last`` of them if given.
     ``steps=`` names steps explicitly (a ``range`` or ints), the current one included.
     ``dropped``: steps whose raw samples were dropped (STEP_SAMPLE_CAP); noted when chosen.
@@ -146,35 +144,10 @@ def select(
     return Window(chosen, _label(chosen), note)
 
 
-def oldest_kept(timer: Timer) -> int | None:
-    """The oldest kept step if older steps were dropped (the window is full), else None."""
-    kept = timer._steps
-    if kept and len(kept) >= timer.keep_steps:
-        return min(kept)
-    return None
-
-
-def _walk(root: _Node) -> Iterator[_Node]:
-    """Nodes in tree order, parents first (the order of ``Summary.regions``)."""
-    todo = list(reversed(root.children.values()))
-    while todo:
-        node = todo.pop()
-        yield node
-        todo.extend(reversed(node.children.values()))
-
-
-def _order(timer: Timer) -> dict[tuple[str, str], tuple[int, _Node]]:
-    order: dict[tuple[str, str], tuple[int, _Node]] = {}
-    for node in _walk(timer._root):
-        for clock in node.stats:
-            order[(node.path, clock)] = (len(order), node)
-    return order
-
-
-def window_regions(timer: Timer, window: Window) -> tuple[RegionStats, ...]:
+def window_regions(view: View, window: Window) -> tuple[RegionStats, ...]:
     """Region statistics of the steps in ``window``, from the raw per-step samples."""
-    merged: dict[tuple[str, str], tuple[HistBuilder, HistBuilder]] = {}
-    for step, per_step in timer._steps.items():
+    merged: dict[tuple[int, int], tuple[HistBuilder, HistBuilder]] = {}
+    for step, per_step in view.steps().items():
         if step not in window:
             continue
         for key, (gpu_ms, cpu_ms) in per_step.items():
@@ -182,49 +155,51 @@ def window_regions(timer: Timer, window: Window) -> tuple[RegionStats, ...]:
             if builders is None:
                 builders = merged[key] = (HistBuilder(), HistBuilder())
             gpu, cpu = builders
-            if key[1] != "host":  # host rows hold NaN for their GPU time
+            if key[1] >= 0:  # host rows hold NaN for their GPU time
                 gpu.add_many(v for v in gpu_ms if not math.isnan(v))
             cpu.add_many(cpu_ms)
+    tree = view.tree
     regions: list[RegionStats] = []
     seen: set[int] = set()
-    for key, (_, node) in sorted(_order(timer).items(), key=lambda item: item[1][0]):
-        builders = merged.get(key)
-        if builders is None:
-            continue
-        gpu_hist, cpu_hist = builders[0].freeze(), builders[1].freeze()
-        first = id(node) not in seen
-        seen.add(id(node))
+    for key in sorted(merged, key=lambda k: view.order.get(k, len(view.order))):
+        slot, dev = key
+        gpu_hist, cpu_hist = merged[key][0].freeze(), merged[key][1].freeze()
+        first = slot not in seen
+        seen.add(slot)
         regions.append(
             RegionStats(
-                name=key[0],
-                clock=key[1],
+                name=tree.path(slot),
+                clock="host" if dev < 0 else f"cuda:{dev}",
                 calls=cpu_hist.count,
-                gpu=gpu_hist if key[1] != "host" else None,
+                gpu=gpu_hist if dev >= 0 else None,
                 cpu=cpu_hist,
-                depth=node.depth,
-                syncs=node.syncs if first else 0,  # not kept per step: the whole run's count
+                depth=tree.depth(slot),
+                # not kept per step: the whole run's count
+                syncs=view.syncs.get(slot, 0) if first else 0,
             )
         )
     return tuple(regions)
 
 
-def step_stats(timer: Timer, window: Window | None) -> tuple[StepStats, ...]:
+def step_stats(view: View, window: Window | None) -> tuple[StepStats, ...]:
     """One record per (step, region, clock) of the kept steps in ``window`` (all if None)."""
-    order = _order(timer)
+    order = view.order
+    tree = view.tree
     rows: list[StepStats] = []
-    for step in sorted(timer._steps):
+    steps = view.steps()
+    for step in sorted(steps):
         if window is not None and step not in window:
             continue
-        per_step = timer._steps[step]
-        for key in sorted(per_step, key=lambda k: order.get(k, (len(order), None))[0]):
+        per_step = steps[step]
+        for key in sorted(per_step, key=lambda k: order.get(k, len(order))):
             gpu_ms, cpu_ms = per_step[key]
             rows.append(
                 StepStats(
                     step=step,
-                    name=key[0],
-                    clock=key[1],
+                    name=tree.path(key[0]),
+                    clock="host" if key[1] < 0 else f"cuda:{key[1]}",
                     calls=len(cpu_ms),
-                    gpu_ms=math.fsum(gpu_ms) if key[1] != "host" else None,
+                    gpu_ms=math.fsum(gpu_ms) if key[1] >= 0 else None,
                     cpu_ms=math.fsum(cpu_ms),
                 )
             )

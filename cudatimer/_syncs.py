@@ -281,7 +281,7 @@ def _on_sync(mechanism: str) -> int:
     else:
         timers = list(_TIMERS)
     # Cheap before the stack walk: most syncs of a program happen outside any region.
-    timers = [t for t in timers if t._enabled and t._local.stack]
+    timers = [t for t in timers if t.recorder.store.enabled and t.recorder.open_here()]
     if not timers:
         return 0
     _busy.on = True
@@ -292,7 +292,7 @@ def _on_sync(mechanism: str) -> int:
         location = f"{frame.f_code.co_filename}:{frame.f_lineno}"
         kind = _kind(mechanism, frame)
         del frame
-        return sum(1 for t in timers if t._note_sync(kind, location))
+        return sum(1 for t in timers if t.recorder.note_sync(kind, location))
     finally:
         _busy.on = False
 

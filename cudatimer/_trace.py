@@ -2,7 +2,7 @@
 
 GPU spans are placed on the GPU's own clock: each stream has a reference event recorded when
 the stream was first seen, and the harvest reads where each sample's start event happened
-after it (``StreamEntry.place``), so the ring holds numbers, not events. The read goes
+after it (the core's ``StreamRec``), so the ring holds numbers, not events. The read goes
 through an anchor event that moves forward along the traced samples once it is 100 ms behind,
 because ``cudaEventElapsedTime`` returns a float32 of milliseconds (an hour after the reference
 only good to 0.25 ms); the anchors' positions add up in double, which keeps microseconds over
@@ -18,6 +18,7 @@ stream first seen while idle).
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from typing import IO, TYPE_CHECKING, Any
@@ -26,32 +27,33 @@ from ._records import Summary, TraceSample
 
 if TYPE_CHECKING:
     from ._steps import Window
-    from ._timer import Timer
+    from ._view import View
 
 __all__ = ["resolve", "to_chrome", "write_chrome"]
 
 FORMAT = "cudatimer.trace"
 
 
-def resolve(timer: Timer, window: Window | None) -> tuple[TraceSample, ...]:
-    """The trace ring as frozen samples (caller holds ``_cuda.LOCK``); never synchronizes."""
+def resolve(view: View, window: Window | None) -> tuple[TraceSample, ...]:
+    """The trace ring of a snapshot as frozen samples; never synchronizes."""
     names = {t.ident: t.name for t in threading.enumerate()}
     raw: list[tuple[Any, ...]] = []
-    for path, clock, entry, at_ns, gpu_ms, t0_ns, cpu_ms, step, tid in timer._trace:
-        if window is not None and step not in window:
+    for item in view.snap.trace:
+        if window is not None and item.step not in window:
             continue
         gpu = None
-        if entry is not None and at_ns is not None and gpu_ms is not None:
-            gpu = (entry.key[0], at_ns, max(0.0, gpu_ms))
-        raw.append((path, clock, step, tid, float(t0_ns), cpu_ms, gpu))
+        if item.dev >= 0 and not math.isnan(item.at_ns) and not math.isnan(item.gpu_ms):
+            gpu = (item.stream, item.at_ns, max(0.0, item.gpu_ms))
+        clock = "host" if item.dev < 0 else f"cuda:{item.dev}"
+        raw.append((item.slot, clock, item.step, item.tid, float(item.t0_ns), item.cpu_ms, gpu))
     if not raw:
         return ()
     origin_ns = min(min(r[4], r[6][1] if r[6] else r[4]) for r in raw)
     samples = []
-    for path, clock, step, tid, t0_ns, cpu_ms, gpu in raw:
+    for slot, clock, step, tid, t0_ns, cpu_ms, gpu in raw:
         samples.append(
             TraceSample(
-                name=path,
+                name=view.tree.path(slot),
                 clock=clock,
                 step=step,
                 thread=tid,

@@ -6,7 +6,7 @@ torch.compile: Dynamo never compiles a frame of this package (``skip_dynamo_fram
 decorated function compiled as a whole (``torch.compile(timed_fn)``) runs its wrapper eagerly
 and Dynamo compiles the function it wraps as its own frame: the region times the compiled call,
 with ``fullgraph=True`` too. Inlined into code Dynamo traces, the wrapper's region does nothing
-(``Timer._enter`` tests ``torch.compiler.is_compiling()``, which Dynamo folds to True).
+(the recorder's hooks test ``torch.compiler.is_compiling()``, which Dynamo folds to True).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import inspect
 import types
 import warnings
 from collections.abc import Callable, Generator, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -29,8 +29,28 @@ _is_dynamo_compiling: Callable[[], bool] = getattr(
     torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling
 )
 
-if TYPE_CHECKING:
-    from ._timer import Region, Timer
+
+class Region(Protocol):
+    """What a wrapper uses of a region (``_timer.Region``): its hooks and its Timer's."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def counter(self) -> Any: ...
+    @property
+    def timer(self) -> Timer: ...
+
+    def __enter__(self) -> Any: ...
+    def __exit__(self, *exc: Any) -> None: ...
+
+
+class Timer(Protocol):
+    """What a wrapper uses of a Timer (``_timer.Timer``)."""
+
+    @property
+    def recorder(self) -> Any: ...
+    @property
+    def region(self) -> Callable[..., Any]: ...
 
 
 def _cm_helper_code(factory: Any) -> Any:
@@ -56,10 +76,11 @@ def wrap(fn: Any, region: Region) -> Any:
         return _wrap_class(fn, region)
     if not callable(fn):
         raise TypeError(f"cannot time {fn!r}: expected a function, method or nn.Module")
-    timer = region.timer
+    rec = region.timer.recorder
+    store = rec.store
     # every=N regions have their own enter hook (decided here, so plain regions pay nothing).
-    enter = timer._enter_sampled if region.counter is not None else timer._enter
-    leave = timer._exit
+    enter = rec.enter_sampled if region.counter is not None else rec.enter
+    leave = rec.exit
 
     if inspect.isasyncgenfunction(fn) or (
         getattr(fn, "__code__", None) is _ASYNC_CONTEXTMANAGER_CODE
@@ -75,11 +96,11 @@ def wrap(fn: Any, region: Region) -> Any:
         # start/end range, events at the first and last step), timed until it finishes.
         @functools.wraps(fn)
         async def timed_coroutine(*args: Any, **kwargs: Any) -> Any:
-            token = timer._begin(region)
+            token = rec.begin(region)
             try:
                 return await fn(*args, **kwargs)
             finally:
-                timer._end(region, token)
+                rec.end(region, token)
 
         return timed_coroutine
 
@@ -130,13 +151,13 @@ def wrap(fn: Any, region: Region) -> Any:
     # uncompiled. A frame of ours in between, which Dynamo compiles, inlines them.
     call = functools.partial(_compiled_entry, fn) if _is_torch_function(fn) else fn
 
-    # The region's own __enter__/__exit__ carry the inlined hot path (and fall back to the
-    # Timer's general hooks themselves), so the wrapper calls them directly.
+    # The region's own __enter__/__exit__ are the core's common case (and fall back to the
+    # recorder's general hooks themselves), so the wrapper calls them directly.
     r_enter, r_exit = region.__enter__, region.__exit__
 
     @functools.wraps(fn)
     def timed_function(*args: Any, **kwargs: Any) -> Any:
-        if not timer._enabled or _is_dynamo_compiling():  # inlined by Dynamo: no region
+        if not store.enabled or _is_dynamo_compiling():  # inlined by Dynamo: no region
             return call(*args, **kwargs)
         r_enter()
         try:
@@ -208,9 +229,9 @@ def _wrap_class(cls: type, region: Region) -> type:
         cls.forward = wrap(forward, region)  # type: ignore[attr-defined]
         return cls
     if callable(getattr(cls, "__enter__", None)) and callable(getattr(cls, "__exit__", None)):
-        timer = region.timer
-        enter = timer._enter_sampled if region.counter is not None else timer._enter
-        leave = timer._exit
+        rec = region.timer.recorder
+        enter = rec.enter_sampled if region.counter is not None else rec.enter
+        leave = rec.exit
         enter_cm, exit_cm = cls.__enter__, cls.__exit__  # type: ignore[attr-defined]
 
         @functools.wraps(enter_cm)

@@ -32,8 +32,9 @@ def _clean_default_timer() -> Iterator[None]:
     timer.reset()
     timer.enable()
     yield
-    leftover = list(timer._local.stack)
-    timer._local.stack.clear()
+    stack = timer.recorder.store.stack()
+    leftover = stack.frames()
+    stack.clear()
     timer.reset()
     timer.enable()
-    assert not leftover, f"test left regions open: {[f[0].name for f in leftover]}"
+    assert not leftover, f"test left regions open: {[f.region.name for f in leftover]}"

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import pytest
 import torch
 
-from cudatimer import _cuda, _timer
+from cudatimer import _device
 
 
 class FakeEvent:
@@ -64,7 +63,10 @@ class FakeEvent:
 
 
 class FakeGPU:
-    """Streams, devices and a virtual GPU clock; install() swaps them into cudatimer."""
+    """Streams, devices and a virtual GPU clock; install() plugs it into cudatimer's device
+    seam (``cudatimer._device.use``), as a ``_device.Device``."""
+
+    native = False  # not torch's stream getter: the C core calls ours
 
     def __init__(self, devices: int = 2) -> None:
         self.devices = devices
@@ -161,39 +163,25 @@ class FakeGPU:
     def any_capturing(self) -> bool:
         return any(self.capturing.values())
 
-    def make_stream(self, stream_id: int, device_index: int, device_type: int) -> torch.Stream:
-        return torch.Stream(stream_id=stream_id, device_index=device_index, device_type=1)
-
-
-class _FakeCudaModule:
-    def __init__(self, gpu: FakeGPU) -> None:
-        self.Stream = gpu.make_stream
-
-    @staticmethod
-    def is_initialized() -> bool:
+    def is_initialized(self) -> bool:
         return True
 
+    def stream(self, key: tuple[int, int, int]) -> torch.Stream:
+        return torch.Stream(stream_id=key[0], device_index=key[1], device_type=1)
 
-def install(monkeypatch: pytest.MonkeyPatch) -> FakeGPU:
-    """Give cudatimer a fake two-device CUDA until the test ends: regions get fake events.
+    def event_factory(self, device: int, stream: Any) -> tuple[Callable[[], Any], int | None]:
+        return (lambda: FakeEvent(self, device)), None
 
-    Use it from a fixture: ``def gpu(monkeypatch): return install(monkeypatch)``.
+
+@contextmanager
+def install() -> Iterator[FakeGPU]:
+    """Give cudatimer a fake two-device CUDA inside the block: regions get fake events.
+
+    Use it from a fixture: ``with install() as gpu: yield gpu``.
     """
     gpu = FakeGPU()
-    backend = _cuda.BACKEND
-    monkeypatch.setattr(_cuda, "_get_stream", gpu.get_stream)
-    monkeypatch.setattr(_timer, "_get_stream", gpu.get_stream)
-    monkeypatch.setattr(_cuda, "_get_device", gpu.current_device)
-    monkeypatch.setattr(_cuda, "_is_capturing", gpu.is_capturing)
-    monkeypatch.setattr(_cuda, "_cuda_mod", _FakeCudaModule(gpu))
-    monkeypatch.setattr(
-        _cuda, "_event_factory", lambda device, stream: (lambda: FakeEvent(gpu, device), False)
-    )
-    monkeypatch.setattr(backend, "state", _cuda.USABLE)
-    entries: dict[tuple[int, int, int], Any] = {}
-    monkeypatch.setattr(backend, "entries", entries)
-    monkeypatch.setattr(_timer, "_ENTRIES", entries)  # the hot path's alias of that dict
-    monkeypatch.setattr(backend, "forked", False)
-    monkeypatch.setattr(backend, "_fork_warned", False)
-    monkeypatch.setattr(_cuda, "_pools", {})
-    return gpu
+    old = _device.use(gpu)
+    try:
+        yield gpu
+    finally:
+        _device.use(old)

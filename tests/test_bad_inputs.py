@@ -166,4 +166,5 @@ def test_bad_input_leaves_no_state_behind(tmp_path: Path) -> None:
     cudatimer.instrument(net).remove()  # not left marked as instrumented
     with pytest.raises(ValueError):
         cudatimer.cuda_region("x", every=0)
-    assert cudatimer.summary().regions == () and cudatimer.default_timer()._local.stack == []
+    assert cudatimer.summary().regions == ()
+    assert len(cudatimer.default_timer().recorder.store.stack()) == 0

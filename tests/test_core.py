@@ -202,7 +202,7 @@ def test_exception_in_body_still_records_and_propagates() -> None:
     with pytest.raises(ValueError):
         fails()
     assert names(cudatimer.summary()) == {"outer": 1, "outer/bad": 1, "fails": 1}
-    assert cudatimer.default_timer()._local.stack == []
+    assert len(cudatimer.default_timer().recorder.store.stack()) == 0
 
 
 def test_recursion_nests_per_call() -> None:
@@ -426,6 +426,12 @@ def test_region_stats_fields() -> None:
     assert r.cpu_mean_ms == pytest.approx(r.cpu_total_ms / 3)
     assert r.cpu_min_ms >= 1.0 and r.cpu_max_ms >= 5.0
     assert r.gpu_total_ms is None and r.gpu_p50_ms is None  # host clock: no GPU columns
+    # Host percentiles are fields too, within the histogram's stated error of the samples.
+    assert (r.cpu_p50_ms, r.cpu_p90_ms, r.cpu_p99_ms) == tuple(
+        r.cpu.quantile(q) for q in (0.5, 0.9, 0.99)
+    )
+    assert r.cpu_min_ms <= r.cpu_p50_ms <= r.cpu_p90_ms <= r.cpu_p99_ms <= r.cpu_max_ms
+    assert r.cpu_p50_ms >= 3.0 * (1 - cudatimer.ALPHA)  # the middle sleep of 1, 3 and 5 ms
 
 
 # -- report -------------------------------------------------------------------------------------

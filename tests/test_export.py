@@ -6,6 +6,7 @@ import csv
 import dataclasses
 import io
 import json
+import math
 import os
 import subprocess
 import sys
@@ -17,9 +18,9 @@ import numpy as np
 import pytest
 
 import cudatimer
-from cudatimer import Summary, Timer, _cuda
-from cudatimer._cuda import StreamEntry
+from cudatimer import Summary, Timer, _core, _device
 from cudatimer._export import REGION_COLUMNS, STEP_COLUMNS, TRACE_COLUMNS, dumps, save, to_csv
+from cudatimer._hist import _INV_LOG_GAMMA
 from cudatimer._trace import to_chrome
 from tests.report_fixtures import assert_snapshot, gpu_run, host_run
 
@@ -325,67 +326,113 @@ def test_trace_of_host_regions_from_threads(tmp_path: Path) -> None:
     assert min(e["ts"] for e in spans) == 0.0
 
 
-class _Event:
-    """A completed CUDA event stand-in: a GPU timestamp in ms; elapsed_time like CUDA's, a
-    float32 of milliseconds (so far-apart events lose precision as real ones do)."""
+class _Clock:
+    """The fake GPU's "now" in ms: what an event recorded next takes as its timestamp."""
 
-    def __init__(self, t_ms: float) -> None:
-        self.t_ms = t_ms
+    def __init__(self) -> None:
+        self.now_ms = 0.0
+
+    def event(self) -> _Event:
+        return _Event(self)
+
+
+class _Event:
+    """A CUDA event stand-in, always complete: ``record`` takes the clock's "GPU now";
+    elapsed_time like CUDA's, a float32 of milliseconds (so far-apart events lose precision as
+    real ones do)."""
+
+    def __init__(self, clock: _Clock) -> None:
+        self.clock = clock
+        self.t_ms = math.nan
+
+    def record(self, stream: Any = None) -> None:
+        self.t_ms = self.clock.now_ms
+
+    def query(self) -> bool:
+        return True
 
     def elapsed_time(self, other: _Event) -> float:
         return float(np.float32(other.t_ms - self.t_ms))
 
 
-class _Entry:
-    """The fields of a StreamEntry that trace placement reads (StreamEntry.place runs on it)."""
-
-    def __init__(self, stream: int, ref_ms: float, ref_ns: int) -> None:
-        self.key = (stream, 0, 1)
-        self.device = 0
-        self.clock = "cuda:0"
-        self.ref = self.anchor = _Event(ref_ms)
-        self.anchor_ms = 0.0
-        self.ref_ns = ref_ns
-        self.pool: list[Any] = []
-
-    def sample(self, start_ms: float, end_ms: float) -> tuple[float | None, float]:
-        """(GPU start on the host clock, gpu ms) as the harvest stores them in the ring."""
-        start, end = _Event(start_ms), _Event(end_ms)
-        at_ns, _ = StreamEntry.place(self, start)  # type: ignore[arg-type]
-        return at_ns, start.elapsed_time(end)
+def _stream(sid: int, clock: _Clock) -> Any:
+    """A real core StreamRec of fake stream ``sid`` (not registered), its reference event
+    recorded at the clock's "GPU now"."""
+    return _core.StreamRec((sid, 0, 1), object(), None, clock.event)
 
 
-def _fake_gpu_timer() -> Timer:
-    """A Timer whose trace ring holds GPU samples on fake streams (as harvest leaves them)."""
+def _gpu_sample(
+    rec: Any,
+    clock: _Clock,
+    store: Any,
+    slot: int,
+    start_ms: float,
+    end_ms: float,
+    t0_ns: int,
+    cpu_ms: float,
+    step: int,
+    tid: int,
+) -> None:
+    """Record a start event at GPU time ``start_ms`` and an end event at ``end_ms`` on
+    ``rec``, as a region would, and push the sample (the core harvests and places it)."""
+    clock.now_ms = start_ms
+    start = rec.take()
+    clock.now_ms = end_ms
+    end = rec.take()
+    rec.push(store, slot, store.gen, start, end, (), t0_ns, t0_ns + int(cpu_ms * 1e6), step, tid)
+
+
+def _host_sample(store: Any, slot: int, t0_ns: int, cpu_ms: float, step: int, tid: int) -> None:
+    nan = math.nan
+    store.record(slot, store.gen, -1, nan, cpu_ms, step, t0_ns, tid, nan, 0, False)
+
+
+def _fake_gpu_timer() -> tuple[Timer, int, int]:
+    """A Timer whose trace ring holds GPU samples of two fake streams, placed by the core's
+    harvest, and a host sample; returns it with the two streams' reference host times."""
     t = Timer(name="fake-gpu")
+    store, tree = t.recorder.store, t.recorder.tree
     tid = threading.get_ident()
-    s7 = _Entry(7, ref_ms=0.0, ref_ns=10**9)
-    s9 = _Entry(9, ref_ms=0.0, ref_ns=10**9 + 50_000)  # seen 0.05 ms later
-    h, ms = 10**9, 1_000_000  # host ns of the reference, ns per ms
-    t._trace.extend(
-        [
-            ("load", "host", None, None, None, h + ms // 10, 0.3, 0, tid),
-            ("outer", "cuda:0", s7, *s7.sample(2.0, 10.0), h + ms // 2, 1.0, 0, tid),
-            ("outer/inner", "cuda:0", s7, *s7.sample(3.0, 5.0), h + 6 * ms // 10, 0.2, 0, tid),
-            ("side", "cuda:0", s9, *s9.sample(1.0, 2.0), h + 7 * ms // 10, 0.1, 0, tid),
-            # Two threads on stream 7 whose spans overlap without nesting.
-            ("a", "cuda:0", s7, *s7.sample(20.0, 30.0), h + 15 * ms, 1.0, 1, tid),
-            ("b", "cuda:0", s7, *s7.sample(25.0, 35.0), h + 16 * ms, 1.0, 1, 4242),
-        ]
+    clock = _Clock()  # both references are recorded at GPU time 0 of their stream
+    s7 = _stream(7, clock)
+    s9 = _stream(9, clock)  # made later: its reference's host time is later
+    h, ms = s7.ref_ns, 1_000_000  # host ns of stream 7's reference, ns per ms
+    outer = tree.child(-1, "outer")
+    _host_sample(store, tree.child(-1, "load"), h + ms // 10, 0.3, 0, tid)
+    _gpu_sample(s7, clock, store, outer, 2.0, 10.0, h + ms // 2, 1.0, 0, tid)
+    _gpu_sample(
+        s7, clock, store, tree.child(outer, "inner"), 3.0, 5.0, h + 6 * ms // 10, 0.2, 0, tid
     )
-    t._step = 2  # as if step() had been called twice while these ran
-    return t
+    _gpu_sample(s9, clock, store, tree.child(-1, "side"), 1.0, 2.0, h + 7 * ms // 10, 0.1, 0, tid)
+    # Two threads on stream 7 whose spans overlap without nesting.
+    _gpu_sample(s7, clock, store, tree.child(-1, "a"), 20.0, 30.0, h + 15 * ms, 1.0, 1, tid)
+    _gpu_sample(s7, clock, store, tree.child(-1, "b"), 25.0, 35.0, h + 16 * ms, 1.0, 1, 4242)
+    for rec in (s7, s9):
+        rec.harvest()
+        assert rec.pending == 0
+    store.step = 2  # as if step() had been called twice while these ran
+    return t, s7.ref_ns, s9.ref_ns
+
+
+# Host-clock instants are float64 ns (at_ns) near the monotonic clock's value (~1e14 ns after a
+# day of uptime, where a float64 step is 0.016 ns): positions derived from them hold to 1e-6 ms.
+_NS_EXACT = 1e-6
 
 
 def test_trace_places_gpu_spans_by_reference_event() -> None:
     """GPU spans sit at ref host time + elapsed time from the stream's reference event."""
-    samples = {s.name: s for s in _fake_gpu_timer().summary(trace=True).trace}
+    t, ref7, ref9 = _fake_gpu_timer()
+    assert ref9 >= ref7
+    samples = {s.name: s for s in t.summary(trace=True).trace}
     # Origin: the earliest instant, the host start of "load" (0.1 ms after the reference).
     assert samples["load"].host_start_ms == 0.0 and samples["load"].gpu_start_ms is None
-    assert samples["outer"].gpu_start_ms == pytest.approx(1.9, abs=1e-9)
+    assert samples["load"].stream is None and samples["load"].gpu_ms is None
+    assert samples["outer"].gpu_start_ms == pytest.approx(1.9, abs=_NS_EXACT)
     assert samples["outer"].gpu_ms == pytest.approx(8.0, abs=1e-9)
-    assert samples["outer/inner"].gpu_start_ms == pytest.approx(2.9, abs=1e-9)
-    assert samples["side"].gpu_start_ms == pytest.approx(0.95, abs=1e-9)  # stream 9's reference
+    assert samples["outer/inner"].gpu_start_ms == pytest.approx(2.9, abs=_NS_EXACT)
+    # Stream 9's span is placed from stream 9's own reference (made ref9 - ref7 ns later).
+    side = (ref9 - ref7) * 1e-6 + 1.0 - 0.1
+    assert samples["side"].gpu_start_ms == pytest.approx(side, abs=_NS_EXACT)
     assert (samples["outer"].stream, samples["side"].stream) == (7, 9)
     assert samples["outer"].host_start_ms == pytest.approx(0.4, abs=1e-9)
     assert samples["b"].thread_name == "thread 4242"
@@ -393,7 +440,7 @@ def test_trace_places_gpu_spans_by_reference_event() -> None:
 
 def test_trace_tracks_streams_and_lanes() -> None:
     """One track per stream; spans that overlap without nesting go to a second lane."""
-    doc = to_chrome(_fake_gpu_timer().summary(trace=True))
+    doc = to_chrome(_fake_gpu_timer()[0].summary(trace=True))
     threads = _names(doc, "thread_name")
     gpu_tracks = sorted(name for (pid, _), name in threads.items() if pid != 1)
     assert gpu_tracks == ["stream 7", "stream 7 (2)", "stream 9"]
@@ -407,48 +454,76 @@ def test_trace_tracks_streams_and_lanes() -> None:
     assert all(_nested(group) for group in tracks.values())
 
 
-def test_trace_keeps_precision_far_from_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+def _set_anchor_hop(hop_ms: float) -> None:
+    """The core's constants as ``_device`` hands them, but for the anchor hop."""
+    _core.configure(
+        inv_log_gamma=_INV_LOG_GAMMA,
+        harvest_batch=_device.HARVEST_BATCH,
+        anchor_hop_ms=hop_ms,
+        prewarm=_device.PREWARM_EVENTS,
+    )
+
+
+def test_trace_keeps_precision_far_from_the_reference() -> None:
     """An hour after the reference, float32 elapsed times are 0.25 ms coarse; placement read
     against an anchor that moves forward keeps microseconds and the spans' nesting."""
 
-    def run_for_an_hour(entry: _Entry) -> float:
+    def run_for_an_hour(rec: Any, clock: _Clock) -> float:
+        # Samples of a store that keeps a trace (only those are placed, moving the anchor).
+        scratch = _core.Store(0, 1, 1, lambda parent, name: 0)
         ms = 0.0
         for k in range(36_000):  # ~100 ms apart, irregularly (roundings differ)
             ms += 100.0 + (k * 7919 % 1000) * 1e-4
-            entry.sample(ms, ms + 0.5)
+            _gpu_sample(rec, clock, scratch, 0, ms, ms + 0.5, rec.ref_ns, 0.1, 0, 0)
+        rec.harvest()
+        assert rec.pending == 0 and len(scratch.snapshot(trace=True).trace) == 1
         return ms + 40.123456
 
-    single = _Entry(7, ref_ms=0.0, ref_ns=10**9)
-    with monkeypatch.context() as m:  # the anchor never moves: one float32 read from the ref
-        m.setattr(_cuda, "ANCHOR_HOP_MS", float("inf"))
-        at = run_for_an_hour(single)
-        coarse_ns, _ = single.sample(at, at + 0.008)
-    assert coarse_ns is not None and abs(coarse_ns - 10**9 - at * 1e6) > 10_000  # > 0.01 ms off
+    tid = threading.get_ident()
+    coarse = Timer(name="coarse")
+    _set_anchor_hop(float("inf"))  # the anchor never moves: one float32 read from the ref
+    try:
+        clock = _Clock()
+        single = _stream(7, clock)
+        at = run_for_an_hour(single, clock)
+        assert single.anchor_is_ref and single.anchor_ms == 0.0
+        store = coarse.recorder.store
+        _gpu_sample(single, clock, store, 0, at, at + 0.008, single.ref_ns, 0.1, 0, tid)
+        single.harvest()
+    finally:
+        _device.configure_core()
+    (item,) = store.snapshot(trace=True).trace
+    assert not math.isnan(item.at_ns)
+    assert abs(item.at_ns - single.ref_ns - at * 1e6) > 10_000  # > 0.01 ms off
 
     t = Timer(name="far")
-    s7 = _Entry(7, ref_ms=0.0, ref_ns=10**9)
-    far = run_for_an_hour(s7)
-    assert s7.anchor is not s7.ref and 0 < far - s7.anchor_ms < 2 * _cuda.ANCHOR_HOP_MS
-    tid = threading.get_ident()
-    host0 = 10**9 + int(far * 1e6)
-    t._trace.extend(
-        [
-            ("p", "cuda:0", s7, *s7.sample(far, far + 0.008), host0, 0.1, 0, tid),
-            ("p/c", "cuda:0", s7, *s7.sample(far + 0.001, far + 0.004), host0, 0.05, 0, tid),
-        ]
-    )
+    store, tree = t.recorder.store, t.recorder.tree
+    clock = _Clock()
+    s7 = _stream(7, clock)
+    far = run_for_an_hour(s7, clock)
+    assert not s7.anchor_is_ref and 0 < far - s7.anchor_ms < 2 * _device.ANCHOR_HOP_MS
+    host0 = s7.ref_ns + int(far * 1e6)
+    p = tree.child(-1, "p")
+    _gpu_sample(s7, clock, store, p, far, far + 0.008, host0, 0.1, 0, tid)
+    _gpu_sample(s7, clock, store, tree.child(p, "c"), far + 0.001, far + 0.004, host0, 0.05, 0, tid)
+    s7.harvest()
     samples = {s.name: s for s in t.summary(trace=True).trace}
+    assert set(samples) == {"p", "p/c"}
     assert samples["p/c"].gpu_start_ms - samples["p"].gpu_start_ms == pytest.approx(0.001, abs=1e-5)
     assert samples["p/c"].gpu_ms == pytest.approx(0.003, abs=1e-5)
     assert samples["p"].gpu_ms == pytest.approx(0.008, abs=1e-5)
     # The absolute position: p's GPU start is `far` ms after the reference, whose host time
     # is host0 - far ms (the trace's origin is the earliest instant, here p's GPU start).
     assert samples["p"].gpu_start_ms - samples["p"].host_start_ms == pytest.approx(0, abs=1e-3)
+    # On the host clock: the anchor chain's float32 roundings (~4 ns a hop, 36 000 hops) add
+    # up to well under a microsecond, against > 10 us with the anchor left at the reference.
+    (p_item,) = [i for i in store.snapshot(trace=True).trace if i.slot == p]
+    assert p_item.at_ns - s7.ref_ns == pytest.approx(far * 1e6, abs=1_000)
 
 
 def test_trace_window_and_empty_trace(tmp_path: Path) -> None:
     """export_trace takes a window; a summary without trace samples is refused clearly."""
-    t = _fake_gpu_timer()
+    t, _, _ = _fake_gpu_timer()
     names = {s.name for s in t.summary(trace=True, steps=[1]).trace}
     assert names == {"a", "b"}
     with pytest.raises(ValueError, match="nothing to trace"):

@@ -22,22 +22,16 @@ import pytest
 import torch
 
 import cudatimer
-from cudatimer import Timer, _cuda, _timer
+from cudatimer import Timer, _core, _device
 from cudatimer._report import render
 from tests.fake_cuda import FakeGPU, install
 
 
-@pytest.fixture(params=["compiled", "python"])
-def gpu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGPU]:
-    """A fake GPU, once through the compiled hot path and once through the Python one."""
-    if request.param == "compiled" and _cuda._speedups is None:
-        pytest.skip("the compiled module is not built here")
-    was = _timer.compiled()
-    _timer.use_compiled(request.param == "compiled")
-    try:
-        yield install(monkeypatch)
-    finally:
-        _timer.use_compiled(was)
+@pytest.fixture
+def gpu() -> Iterator[FakeGPU]:
+    """A fake GPU (the suite runs once per recorder core: see test_core_contract.py)."""
+    with install() as fake:
+        yield fake
 
 
 def calls(timer: Timer) -> dict[str, int]:
@@ -57,24 +51,24 @@ def caught() -> Iterator[list[warnings.WarningMessage]]:
 def test_plain_region_looks_the_stream_up_once_per_enter_and_exit(
     gpu: FakeGPU, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Enter and exit each make one _cuda_getCurrentStream(-1) call and no device lookup."""
+    """Enter and exit each make one current-stream read (of the current device) and no more."""
     t = Timer(name="lookups")
     with t.region("warm"):  # the first region on a stream creates its entry
         pass
     seen: list[int] = []
+    real = gpu.get_stream
 
     def get_stream(device: int) -> tuple[int, int, int]:
         seen.append(device)
-        return gpu.get_stream(device)
+        return real(device)
 
-    def no_device() -> int:
-        raise AssertionError("the hot path looked the device up")
-
-    monkeypatch.setattr(_cuda, "_get_stream", get_stream)
-    monkeypatch.setattr(_timer, "_get_stream", get_stream)
-    monkeypatch.setattr(_cuda, "_get_device", no_device)
-    with t.region("warm"):
-        gpu.run(2.0)
+    monkeypatch.setattr(gpu, "get_stream", get_stream)
+    _core.set_stream_getter(get_stream, False)
+    try:
+        with t.region("warm"):
+            gpu.run(2.0, gpu.default_stream())  # (the fake's own lookup is not counted)
+    finally:
+        _core.set_stream_getter(real, False)
     assert seen == [-1, -1]
     assert t.summary()["warm"].gpu_max_ms == 2.0
 
@@ -120,9 +114,9 @@ def test_side_stream_results_wait_for_every_stream(gpu: FakeGPU) -> None:
     side = gpu.new_stream()
     with t.region("warm", streams=[side]):
         pass
-    entry = _cuda.BACKEND.entries[(0, 0, 1)]
+    entry = _core.stream_of((0, 0, 1))
     t.summary()
-    pooled = len(entry.pool)
+    pooled = entry.pooled
     gpu.run(50.0, side)
     gpu.hold(side)
     with t.region("multi", streams=[side]):
@@ -132,7 +126,7 @@ def test_side_stream_results_wait_for_every_stream(gpu: FakeGPU) -> None:
     s = t.summary()
     assert s.pending == 0 and s["multi"].gpu_max_ms == pytest.approx(50.0)
     # all three back in the pool: the trace window keeps the sample's placement, not its events
-    assert len(entry.pool) == pooled
+    assert entry.pooled == pooled
 
 
 def test_side_stream_equal_to_start_stream_records_one_end(gpu: FakeGPU) -> None:
@@ -293,12 +287,13 @@ def _locked_child(conn: Any) -> None:
     conn.send(t.summary()["x"].calls)
 
 
+@pytest.mark.skipif(not hasattr(_core, "_LOCK"), reason="this core has no lock (the GIL)")
 def test_fork_while_another_thread_holds_the_lock_does_not_deadlock_the_child() -> None:
     """The recorder's lock, held by a parent thread at the fork, is free in the child."""
     holding, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with _cuda.LOCK:
+        with _core._LOCK:
             holding.set()
             release.wait(30)
 
@@ -446,7 +441,7 @@ def test_decorated_contextmanager_closes_on_exception() -> None:
 
     with pytest.raises(KeyError), guarded():
         raise KeyError("x")
-    assert calls(t) == {"guarded": 1} and t._local.stack == []
+    assert calls(t) == {"guarded": 1} and len(t.recorder.store.stack()) == 0
 
 
 def test_decorated_context_manager_class() -> None:
@@ -507,7 +502,7 @@ def test_generator_abandoned_midway_leaves_the_stack_balanced() -> None:
     g.close()
     for _ in items():
         break
-    assert t._local.stack == []
+    assert len(t.recorder.store.stack()) == 0
     assert calls(t) == {"items": 3}
 
 
@@ -535,7 +530,7 @@ def test_out_of_order_close_with_events_keeps_both_samples(gpu: FakeGPU) -> None
     s = t.summary()
     assert s["a"].gpu_max_ms == pytest.approx(3.0)
     assert s["a/b"].gpu_max_ms == pytest.approx(6.0)
-    assert t._local.stack == []
+    assert len(t.recorder.store.stack()) == 0
 
 
 # -- sampling: every=N -----------------------------------------------------------------------------
@@ -617,9 +612,8 @@ def test_every_disabled_timer_counts_nothing() -> None:
 
 
 def free_events(entry: Any) -> int:
-    """Events in the stream's pools: the Python one and, on the compiled path, the C one."""
-    c_pool = _cuda._speedups.pooled(entry) if _cuda._speedups is not None else 0
-    return len(entry.pool) + c_pool
+    """Events in the stream's pool."""
+    return int(entry.pooled)
 
 
 def test_reset_with_pending_events_returns_them_and_drops_old_samples(gpu: FakeGPU) -> None:
@@ -629,7 +623,7 @@ def test_reset_with_pending_events_returns_them_and_drops_old_samples(gpu: FakeG
     with t.region("warm"):
         pass
     t.summary()
-    entry = _cuda.BACKEND.entries[(0, 0, 1)]
+    entry = _core.stream_of((0, 0, 1))
     pooled = free_events(entry)
     gpu.hold()
     for _ in range(10):
@@ -652,7 +646,7 @@ def test_trace_window_keeps_numbers_not_events(gpu: FakeGPU) -> None:
         with t.region("warm"):
             gpu.run(10.0)  # and placement anchors itself far from the reference
     t.summary()
-    entry = _cuda.BACKEND.entries[(0, 0, 1)]
+    entry = _core.stream_of((0, 0, 1))
     pooled = free_events(entry)
     for i in range(40):
         with t.region("r"):
@@ -674,22 +668,23 @@ def test_at_exit_drops_pending_samples_and_later_regions_use_the_host_clock(
     with t.region("pending"):
         gpu.run(1.0)
     started = time.monotonic()
-    _cuda.BACKEND.at_exit()
+    _device._at_exit()
     assert time.monotonic() - started < 0.5
-    assert _cuda.BACKEND.pending_count() == 0
+    assert _core.pending_total() == 0
     with t.region("late"):
         pass
     assert t.summary(timeout_s=0.0)["late"].clock == "host"
 
 
+@pytest.mark.skipif(not hasattr(_core, "_LOCK"), reason="this core has no lock (the GIL)")
 def test_at_exit_gives_up_when_another_thread_holds_the_lock(gpu: FakeGPU) -> None:
     """The exit handler never blocks on a lock held by a stuck thread: it leaves things."""
     t = Timer(name="exit-locked")
     gpu.hold()
     with t.region("pending"):
         pass
-    with _cuda.LOCK:
+    with _core._LOCK:
         started = time.monotonic()
-        _cuda.BACKEND.at_exit()
+        _device._at_exit()
         assert time.monotonic() - started < 2.0
-    assert _cuda.BACKEND.pending_count() == 1
+    assert _core.pending_total() == 1

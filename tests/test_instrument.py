@@ -151,7 +151,7 @@ def test_exceptions_close_every_region() -> None:
     with cudatimer.instrument(net, timer=t):
         with pytest.raises(KeyboardInterrupt):
             net(X)
-        assert t._local.stack == []
+        assert len(t.recorder.store.stack()) == 0
     assert names(t)["Net/layers.0/mlp/1"] == 1
 
 

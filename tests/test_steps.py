@@ -10,9 +10,8 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 import cudatimer
-from cudatimer import Histogram, StepStats, Timer
+from cudatimer import Histogram, StepStats, Timer, _recorder
 from cudatimer import _steps as steps_module
-from cudatimer import _timer as timer_module
 from cudatimer._report import render
 from tests.report_fixtures import gpu_run
 
@@ -33,7 +32,7 @@ class _Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Clock]:
     fake = _Clock()
-    monkeypatch.setattr(timer_module, "_perf_ns", fake)
+    monkeypatch.setattr(_recorder, "_now", fake)  # the general path's host clock
     yield fake
 
 
@@ -183,8 +182,9 @@ def test_raw_samples_stay_bounded_without_step_calls() -> None:
     for _ in range(steps_module.STEP_SAMPLE_CAP + 100):
         with r:
             pass
-    kept = sum(len(cpu) for per_step in t._steps.values() for _, cpu in per_step.values())
-    assert kept == 0 and t._dropped_steps() == {0}
+    snap = t.recorder.store.snapshot(series=True)
+    kept = sum(len(row.cpu_ms) // 8 for row in snap.series)
+    assert kept == 0 and snap.dropped == (0,)
     assert t.summary()["hot"].calls == steps_module.STEP_SAMPLE_CAP + 100
 
 

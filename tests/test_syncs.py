@@ -19,7 +19,7 @@ import torch
 from torch._utils import CallbackRegistry
 
 import cudatimer
-from cudatimer import SyncSite, Timer, _syncs, _timer
+from cudatimer import SyncSite, Timer, _device, _syncs
 
 FAKE_LIBRARY = '''
 """Stands in for torch: each op reports its sync the way torch does."""
@@ -276,7 +276,7 @@ def test_library_function_timed_by_cudatimer_counts_at_its_caller(fake: Fake) ->
 def test_cudatimer_own_waits_are_never_counted(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
     """A sync made by cudatimer's report code is not counted; the same call by the user is."""
     timer = Timer(name="own")
-    monkeypatch.setattr(_timer._BACKEND, "drain", fake.lib.drain)
+    monkeypatch.setattr(_device, "drain", fake.lib.drain)
     with cudatimer.detect_syncs(timer=timer), timer.region("outer"):
         timer.summary()  # drains through the fake: a sync from cudatimer's own frame
         fake.lib.drain(0.0)  # SITE:user-drain

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import cudatimer
-from cudatimer import Timer, _cuda
+from cudatimer import Timer, _core
 from cudatimer._report import render
 
 pytestmark = pytest.mark.gpu
@@ -327,13 +327,9 @@ def test_reset_while_events_are_pending() -> None:
     with t.region("warm"):
         pass
     t.summary()
-    entry = _cuda.BACKEND.entries[torch._C._cuda_getCurrentStream(-1)]
-
-    def free_events() -> int:  # the Python pool and, on the compiled path, the C one
-        speedups = _cuda._speedups
-        return len(entry.pool) + (speedups.pooled(entry) if speedups is not None else 0)
-
-    pooled = free_events()
+    rec = _core.stream_of(torch._C._cuda_getCurrentStream(-1))
+    assert rec is not None
+    pooled = rec.pooled
     with t.region("old"):
         sleep_ms(100)
     assert t.summary(timeout_s=0).pending == 1
@@ -342,7 +338,7 @@ def test_reset_while_events_are_pending() -> None:
         pass
     s = t.summary()
     assert s.names == ("new",)
-    assert free_events() == pooled
+    assert rec.pooled == pooled and rec.pending == 0
 
 
 # -- threads ---------------------------------------------------------------------------------------

@@ -1,0 +1,343 @@
+"""The recorder redesign's targets, measured side by side in one run (ratios, never absolutes).
+
+1. Launch-bound loop (48 x Linear(256)+GELU, batch 32, fp32): what cudatimer adds per region
+   against two floors, each measured in the same rounds: two pre-created timing ``torch.Event``
+   records on a cached stream, and two raw ``cudaEventRecord`` calls through ctypes on torch's
+   own libcudart (the handles read once). ``--runs`` independent runs of ``--rounds`` rounds,
+   variants rotated each round; a variant's cost in a round is its time minus the unwrapped
+   loop's in that round; per run the 10% trimmed mean; the figure is the median of the runs.
+2. Launch-bound one-token decode of a 12-layer GPT-2 (the benchmark's own GPT, seq 1, no
+   grad): every module instrumented (``instrument(model)``) against the plain decode, and
+   instrument's per-module cost against a hand-written ``with region:`` around each module's
+   forward (the same modules, the same Timer settings).
+3. 10^6 regions with no report: resident memory growth.
+4. The pure-Python core against the C core per region: this script again, in a process with
+   CUDATIMER_PURE_PYTHON=1, measuring its own loop (its own unwrapped rounds).
+
+    python3 benchmarks/recorder_targets.py --out DIR            # on the GPU machine
+    python3 benchmarks/recorder_targets.py --smoke --out DIR    # a quick run (CPU too)
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cudatimer
+from benchmarks._workloads import GPT, GPTConfig
+from cudatimer import _core
+
+Loop = Callable[[int], None]
+
+
+def trimmed_mean(values: list[float], cut: float = 0.1) -> float:
+    ordered = sorted(values)
+    k = int(len(ordered) * cut)
+    kept = ordered[k : len(ordered) - k] or ordered
+    return sum(kept) / len(kept)
+
+
+def _sync(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def paired_rounds(
+    loops: dict[str, Loop],
+    iters: int,
+    rounds: int,
+    cuda: bool,
+    seed: int,
+    setup: Callable[[str], None] | None = None,
+) -> dict[str, list[float]]:
+    """Seconds per iteration of each loop minus the "none" loop's, per round (rotated order);
+    ``setup(name)`` runs before a loop's block, outside its time."""
+    names = list(loops)
+    rng = random.Random(seed)
+    added: dict[str, list[float]] = {n: [] for n in names if n != "none"}
+    for name in names:  # warm-up: pools, caches, lazily created events
+        if setup is not None:
+            setup(name)
+        loops[name](iters)
+    _sync(cuda)
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        if rng.random() < 0.5:
+            order.reverse()
+        took: dict[str, float] = {}
+        for name in order:
+            if setup is not None:
+                setup(name)
+            _sync(cuda)
+            t0 = time.perf_counter()
+            loops[name](iters)
+            _sync(cuda)
+            took[name] = (time.perf_counter() - t0) / iters
+        for name in added:
+            added[name].append(took[name] - took["none"])
+    return added
+
+
+# -- 1. the launch-bound loop ------------------------------------------------------------------
+def _cudart() -> Any:
+    """torch's own libcudart (already loaded: found in the process's maps), for the raw floor."""
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
+    if not paths:
+        raise RuntimeError("libcudart is not loaded in this process")
+    lib = ctypes.CDLL(sorted(paths)[0])
+    lib.cudaEventRecord.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.cudaEventRecord.restype = ctypes.c_int
+    return lib
+
+
+def launch_loops(device: str, only_cudatimer: bool = False) -> tuple[dict[str, Loop], int]:
+    torch.manual_seed(0)
+    layers = [
+        torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU()).to(device)
+        for _ in range(48)
+    ]
+    x0 = torch.randn(32, 256, device=device)
+    timer = cudatimer.Timer(name="launch")
+    regions = [timer.region(f"layer{i}") for i in range(len(layers))]
+
+    def none(n: int) -> None:
+        for _ in range(n):
+            x = x0
+            for layer in layers:
+                x = layer(x)
+
+    def with_cudatimer(n: int) -> None:
+        for _ in range(n):
+            x = x0
+            for layer, region in zip(layers, regions, strict=True):
+                with region:
+                    x = layer(x)
+
+    loops: dict[str, Loop] = {"none": none, "cudatimer": with_cudatimer}
+    if device == "cuda" and not only_cudatimer:
+        stream = torch.cuda.current_stream()
+        pairs = [
+            (
+                torch.Event(device="cuda", enable_timing=True),
+                torch.Event(device="cuda", enable_timing=True),
+            )
+            for _ in layers
+        ]
+        for a, b in pairs:
+            a.record(stream)
+            b.record(stream)
+
+        def torch_floor(n: int) -> None:
+            for _ in range(n):
+                x = x0
+                for layer, (a, b) in zip(layers, pairs, strict=True):
+                    a.record(stream)
+                    x = layer(x)
+                    b.record(stream)
+
+        lib = _cudart()
+        record = lib.cudaEventRecord
+        raw_stream = ctypes.c_void_p(stream.cuda_stream)
+        raw = [(ctypes.c_void_p(a.event_id), ctypes.c_void_p(b.event_id)) for a, b in pairs]
+
+        def raw_floor(n: int) -> None:
+            for _ in range(n):
+                x = x0
+                for layer, (a, b) in zip(layers, raw, strict=True):
+                    record(a, raw_stream)
+                    x = layer(x)
+                    record(b, raw_stream)
+
+        loops["torch-floor"] = torch_floor
+        loops["raw-floor"] = raw_floor
+    return loops, len(layers)
+
+
+def launch(args: argparse.Namespace, device: str) -> dict[str, Any]:
+    loops, per_iter = launch_loops(device)
+    runs = []
+    for run in range(args.runs):
+        added = paired_rounds(loops, args.iters, args.rounds, device == "cuda", seed=run)
+        us = {k: trimmed_mean(v) / per_iter * 1e6 for k, v in added.items()}
+        runs.append(us)
+    out: dict[str, Any] = {"runs": runs}
+    if "torch-floor" in runs[0]:
+        out["vs_torch_floor"] = [r["cudatimer"] / r["torch-floor"] for r in runs]
+        out["vs_raw_floor"] = [r["cudatimer"] / r["raw-floor"] for r in runs]
+        out["median_vs_torch_floor"] = statistics.median(out["vs_torch_floor"])
+        out["median_vs_raw_floor"] = statistics.median(out["vs_raw_floor"])
+    out["cudatimer_us"] = statistics.median(r["cudatimer"] for r in runs)
+    return out
+
+
+# -- 2. decode ---------------------------------------------------------------------------------
+def _every_module(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    return [(n, m) for n, m in model.named_modules() if not isinstance(m, torch.nn.ModuleList)]
+
+
+def decode(args: argparse.Namespace, device: str) -> dict[str, Any]:
+    cfg = GPTConfig(vocab=256, seq=32, layers=2, width=64, heads=4) if args.smoke else GPTConfig()
+    torch.manual_seed(0)
+    model = GPT(cfg).to(device).eval()
+    idx = torch.randint(0, cfg.vocab, (1, 1), device=device)
+    modules = _every_module(model)
+
+    def run(n: int) -> None:
+        with torch.no_grad():
+            for _ in range(n):
+                model(idx)
+
+    # instrument(): its wrappers on every module, on and off as the rounds need.
+    t_inst = cudatimer.Timer(name="decode-instrument")
+    t_manual = cudatimer.Timer(name="decode-manual")
+    manual_forwards: list[tuple[torch.nn.Module, Any]] = []
+    for name, module in modules:
+        region = t_manual.region(name or "model")
+        fwd = module.forward
+
+        def timed(*a: Any, _f: Any = fwd, _r: Any = region, **k: Any) -> Any:
+            with _r:
+                return _f(*a, **k)
+
+        manual_forwards.append((module, timed))
+
+    state = {"mode": "none"}
+    handle: list[Any] = []
+
+    def switch(mode: str) -> None:
+        if state["mode"] == mode:
+            return
+        if handle:
+            handle.pop().remove()
+        for module, _ in manual_forwards:
+            module.__dict__.pop("forward", None)
+        if mode == "instrument":
+            handle.append(cudatimer.instrument(model, timer=t_inst))
+        elif mode == "manual":
+            for module, timed in manual_forwards:
+                module.forward = timed
+        state["mode"] = mode
+
+    loops: dict[str, Loop] = {m: run for m in ("none", "instrument", "manual")}
+    added = paired_rounds(
+        loops, args.decode_iters, args.rounds, device == "cuda", seed=7, setup=switch
+    )
+    switch("none")
+    base = []
+    for _ in range(args.rounds // 4 or 1):  # the plain decode's own time, for the slowdown
+        _sync(device == "cuda")
+        t0 = time.perf_counter()
+        run(args.decode_iters)
+        _sync(device == "cuda")
+        base.append((time.perf_counter() - t0) / args.decode_iters)
+    plain_s = statistics.median(base)
+    inst_s, manual_s = trimmed_mean(added["instrument"]), trimmed_mean(added["manual"])
+    regions = len(t_inst.summary().regions)
+    return {
+        "modules": len(modules),
+        "regions_recorded": regions,
+        "plain_decode_ms": plain_s * 1e3,
+        "instrument_slowdown": (plain_s + inst_s) / plain_s,
+        "manual_slowdown": (plain_s + manual_s) / plain_s,
+        "instrument_us_per_module": inst_s / len(modules) * 1e6,
+        "manual_us_per_module": manual_s / len(modules) * 1e6,
+        "instrument_vs_manual": inst_s / manual_s,
+    }
+
+
+# -- 3. memory -----------------------------------------------------------------------------------
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def memory(args: argparse.Namespace, device: str) -> dict[str, Any]:
+    n = 10**4 if args.smoke else 10**6
+    x = torch.ones(8, device=device)
+    timer = cudatimer.Timer(name="memory")
+    region = timer.region("r")
+    for _ in range(n // 10):  # warm: pools, pending queue, step series at their cap
+        with region:
+            x.add_(1)
+    gc.collect()
+    before = _rss_mb()
+    for _ in range(n):
+        with region:
+            x.add_(1)
+    gc.collect()
+    after = _rss_mb()
+    calls = timer.summary().regions[0].calls
+    return {
+        "regions": n,
+        "rss_growth_mb": after - before,
+        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "calls": calls,
+    }
+
+
+# -- 4. the pure-Python core, in its own process -------------------------------------------------
+def pure_child(args: argparse.Namespace, device: str) -> dict[str, Any]:
+    loops, per_iter = launch_loops(device, only_cudatimer=True)
+    runs = []
+    for run in range(args.runs):
+        added = paired_rounds(loops, args.iters, args.rounds, device == "cuda", seed=run)
+        runs.append(trimmed_mean(added["cudatimer"]) / per_iter * 1e6)
+    return {"impl": _core.IMPL, "cudatimer_us_runs": runs, "cudatimer_us": statistics.median(runs)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=Path("."))
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=120)
+    p.add_argument("--iters", type=int, default=4)
+    p.add_argument("--decode-iters", type=int, default=8)
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: checks that it runs")
+    p.add_argument("--pure-child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.smoke:
+        args.runs, args.rounds, args.iters, args.decode_iters = 1, 3, 1, 1
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.pure_child:
+        print(json.dumps(pure_child(args, device)))
+        return
+    result: dict[str, Any] = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "impl": _core.IMPL,
+        "date": time.strftime("%Y-%m-%d"),
+        "launch": launch(args, device),
+        "decode": decode(args, device),
+        "memory": memory(args, device),
+    }
+    child_args = [sys.executable, __file__, "--pure-child", "--runs", str(args.runs)]
+    child_args += ["--rounds", str(args.rounds), "--iters", str(args.iters)]
+    child_args += ["--smoke"] if args.smoke else []
+    env = dict(os.environ, CUDATIMER_PURE_PYTHON="1")
+    done = subprocess.run(child_args, env=env, capture_output=True, text=True, check=True)
+    pure = json.loads(done.stdout.strip().splitlines()[-1])
+    result["pure"] = pure
+    result["pure_vs_c_per_region"] = pure["cudatimer_us"] / result["launch"]["cudatimer_us"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "recorder_targets.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,828 @@
+"""The recorder core in plain Python: the reference implementation of the contract in
+``_core.pyi``, and the fallback where ``_speedups`` (the C implementation) was not built.
+
+Everything done per sample lives behind that contract: the per-thread stack of open regions,
+the per-stream event pools and pending samples, the harvest (non-blocking reads of finished
+events) and trace placement, the fold into histograms, the per-step series and the trace ring.
+Python outside it (``_recorder``) handles what is done per region path or per report: options,
+the region tree, windows, records and renderers; it reads a store through ``snapshot``, which
+changes nothing.
+
+The tests run the whole CPU suite on this module and on ``_speedups`` and hold the two to the
+same results (``tests/test_core_contract.py``). Written for clarity first; its hot path
+(``RegionBase.__enter__``/``__exit__``) is kept short because it is also what runs where no C
+compiler was present.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from array import array
+from collections import deque
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, NamedTuple
+
+from ._hist import HistBuilder
+
+IMPL = "python"
+
+# Frame kinds (what ``Frame.kind`` says the exit must do).
+TIMED = 0  # start event recorded on ``rec``'s stream: exit records the end and a pending sample
+HOST = 1  # host clock only: exit folds the host time
+SKIP = 2  # entered while the stream captured a CUDA graph: host time, counted as skipped
+OFF = 3  # the Timer was off at enter: exit pops the frame and nothing else
+NVTX = 4  # mode="nvtx": exit pops the NVTX range only
+UNTIMED = 5  # every=N, a call not sampled: exit counts it on clock ``dev``
+
+# Set by ``configure`` from the one place that defines them (``_device``); see there.
+_INV_LOG_GAMMA = 0.0  # the C implementation's bucket rule; HistBuilder has its own here
+_HARVEST_BATCH = 256
+_ANCHOR_HOP_MS = 100.0
+_PREWARM = 0
+
+#: The host clock of every sample (CLOCK_MONOTONIC on Linux, as the C implementation reads).
+now_ns = time.perf_counter_ns
+_get_ident = threading.get_ident
+_NAN = math.nan
+_isnan = math.isnan
+
+# One lock for every store and stream of this implementation. The hot path only ever tries it
+# (a harvest that finds it taken is left to the thread holding it). Made anew in a forked
+# child: a lock held by another thread of the parent at the fork would never be released there.
+_LOCK = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
+def configure(
+    *, inv_log_gamma: float, harvest_batch: int, anchor_hop_ms: float, prewarm: int
+) -> None:
+    """Set the constants the core works with (``_device`` passes them once, at import)."""
+    global _INV_LOG_GAMMA, _HARVEST_BATCH, _ANCHOR_HOP_MS, _PREWARM
+    if harvest_batch < 1 or prewarm < 0:
+        raise ValueError("harvest_batch must be >= 1 and prewarm >= 0")
+    _INV_LOG_GAMMA = float(inv_log_gamma)
+    _HARVEST_BATCH = int(harvest_batch)
+    _ANCHOR_HOP_MS = float(anchor_hop_ms)
+    _PREWARM = int(prewarm)
+
+
+# -- the current stream -------------------------------------------------------------------------
+_getter: Callable[[int], tuple[int, int, int]] | None = None
+_usable = False
+
+
+def set_stream_getter(getter: Callable[[int], tuple[int, int, int]] | None, c10: bool) -> None:
+    """The function that returns the current stream's key (stream id, device, device type) for
+    a device index (-1: the current device); None: no CUDA. ``c10`` only matters in C."""
+    global _getter
+    _getter = getter
+
+
+def set_usable(on: bool) -> None:
+    """Whether CUDA is in use: the hot path records events only then."""
+    global _usable
+    _usable = bool(on)
+
+
+def runtime_bound() -> bool:
+    """True when events are recorded through the CUDA runtime directly (never here)."""
+    return False
+
+
+# -- frames and stacks --------------------------------------------------------------------------
+class Frame:
+    """One open region call on a thread's stack (or a detached one: ``range_id`` set)."""
+
+    __slots__ = ("dev", "gen", "kind", "range_id", "rec", "region", "slot", "start", "t0_ns")
+
+    def __init__(
+        self,
+        region: Any,
+        slot: int,
+        gen: int,
+        kind: int,
+        rec: StreamRec | None = None,
+        start: Any = None,
+        t0_ns: int = 0,
+        dev: int = -1,
+        range_id: Any = None,
+    ) -> None:
+        self.region = region
+        self.slot = slot
+        self.gen = gen
+        self.kind = kind
+        self.rec = rec
+        self.start = start
+        self.t0_ns = t0_ns
+        self.dev = dev
+        self.range_id = range_id
+
+    def __repr__(self) -> str:
+        return f"Frame({getattr(self.region, 'name', self.region)!r}, kind={self.kind})"
+
+
+class Stack(list):  # type: ignore[type-arg]
+    """A thread's open regions, innermost last; ``tid`` is the owning thread's id."""
+
+    __slots__ = ("tid",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tid = _get_ident()
+
+    push = list.append
+
+    def top(self) -> Frame | None:
+        return self[-1] if self else None
+
+    def take(self, region: Any) -> Frame | None:
+        """Remove and return the innermost frame of ``region`` (None if it has none)."""
+        for i in range(len(self) - 1, -1, -1):
+            if self[i].region is region:
+                frame: Frame = super().pop(i)
+                return frame
+        return None
+
+    def frames(self) -> list[Frame]:
+        return list(self)
+
+    def bury(self, grave: list[Any]) -> None:
+        """In a forked child: frames timed with events of the parent become host frames;
+        their events go into ``grave`` (never released)."""
+        for frame in self:
+            if frame.kind == TIMED:
+                grave.append(frame.start)
+                frame.kind, frame.rec, frame.start = HOST, None, None
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        self.stack = Stack()
+
+
+# -- samples and stream records -----------------------------------------------------------------
+class _Pending:
+    """A region call whose events the GPU may not have reached yet."""
+
+    __slots__ = ("end", "extra", "gen", "slot", "start", "step", "store", "t0", "t1", "tid")
+
+    def __init__(
+        self,
+        store: Store,
+        slot: int,
+        gen: int,
+        start: Any,
+        end: Any,
+        extra: tuple[Any, ...],
+        t0: int,
+        t1: int,
+        step: int,
+        tid: int,
+    ) -> None:
+        self.store = store
+        self.slot = slot
+        self.gen = gen
+        self.start = start
+        self.end = end
+        self.extra = extra
+        self.t0 = t0
+        self.t1 = t1
+        self.step = step
+        self.tid = tid
+
+    def done(self) -> bool:
+        return bool(self.end.query()) and all(e.query() for e in self.extra)
+
+
+class StreamRec:
+    """A stream some region ran on: its event pool, its pending samples, and the reference
+    and anchor events that place GPU starts on the host clock for the trace."""
+
+    __slots__ = (
+        "anchor",
+        "anchor_ms",
+        "check_at",
+        "device",
+        "key",
+        "make_event",
+        "pending_",
+        "pool",
+        "ref",
+        "ref_ns",
+        "stream",
+    )
+
+    def __init__(
+        self,
+        key: tuple[int, int, int],
+        stream: Any,
+        raw: int | None,
+        make_event: Callable[[], Any],
+    ) -> None:
+        self.key = key
+        self.device = key[1]
+        self.stream = stream
+        self.make_event = make_event
+        self.pool: list[Any] = []
+        self.pending_: deque[_Pending] = deque()
+        self.check_at = _HARVEST_BATCH
+        # GPU starts are read against this reference, recorded now at host time ref_ns.
+        self.ref = make_event()
+        self.ref.record(stream)
+        self.ref_ns = now_ns()
+        self.anchor: Any = self.ref
+        self.anchor_ms = 0.0
+        for _ in range(_PREWARM):
+            ev = make_event()
+            ev.record(stream)
+            self.pool.append(ev)
+
+    def take(self, torch_record: bool = False) -> Any:
+        """A pooled event recorded on this stream now (torch's record either way here)."""
+        pool = self.pool
+        ev = pool.pop() if pool else self.make_event()
+        ev.record(self.stream)
+        return ev
+
+    def give(self, event: Any) -> None:
+        self.pool.append(event)
+
+    @property
+    def pooled(self) -> int:
+        return len(self.pool)
+
+    @property
+    def pending(self) -> int:
+        return len(self.pending_)
+
+    @property
+    def anchor_is_ref(self) -> bool:
+        return self.anchor is self.ref
+
+    def push(
+        self,
+        store: Store,
+        slot: int,
+        gen: int,
+        start: Any,
+        end: Any,
+        extra: tuple[Any, ...],
+        t0: int,
+        t1: int,
+        step: int,
+        tid: int,
+    ) -> None:
+        """Queue a sample whose end events are recorded; every HARVEST_BATCH samples, try a
+        harvest (skipped when another thread holds the lock: it catches up)."""
+        pend = self.pending_
+        pend.append(_Pending(store, slot, gen, start, end, extra, t0, t1, step, tid))
+        if len(pend) >= self.check_at and _LOCK.acquire(blocking=False):
+            try:
+                self._harvest()
+            finally:
+                _LOCK.release()
+
+    def harvest(self) -> None:
+        """Resolve every finished sample, never blocking on the GPU."""
+        with _LOCK:
+            self._harvest()
+
+    def _ready(self) -> int:
+        pend = self.pending_
+        n = len(pend)
+        if not n or pend[-1].done():
+            return n
+        # Events on one stream complete in record order: binary-search the first unfinished
+        # sample (log2(n) queries instead of one per sample).
+        lo, hi = 0, n - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if pend[mid].done():
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def _harvest(self) -> None:
+        pend = self.pending_
+        for _ in range(self._ready()):
+            if not self._resolve(pend.popleft()):
+                break
+        self.check_at = len(pend) + _HARVEST_BATCH
+
+    def _resolve(self, s: _Pending) -> bool:
+        """Fold one finished sample into its store; False (put back first in line) when its
+        events cannot be read yet."""
+        try:
+            if s.extra:
+                if not s.done():  # side-stream ends finish in no particular order
+                    raise RuntimeError("a side stream is still running")
+                gpu_ms = max(s.start.elapsed_time(e) for e in (s.end, *s.extra))
+            else:
+                gpu_ms = s.start.elapsed_time(s.end)
+        except (RuntimeError, ValueError):
+            self.pending_.appendleft(s)
+            return False
+        store = s.store
+        start: Any = s.start
+        at_ns = _NAN
+        if store.trace_samples and s.gen == store.gen:
+            at_ns, start = self._place(start)
+        pool = self.pool
+        if start is not None:
+            pool.append(start)
+        pool.append(s.end)
+        pool.extend(s.extra)
+        store._fold(
+            s.slot,
+            s.gen,
+            self.device,
+            gpu_ms,
+            (s.t1 - s.t0) * 1e-6,
+            s.step,
+            s.t0,
+            s.tid,
+            at_ns,
+            self.key[0],
+            False,
+        )
+        return True
+
+    def _place(self, start: Any) -> tuple[float, Any]:
+        """Where the finished ``start`` happened on the host clock (ns; NaN if unreadable),
+        and the event to give back to the pool in its stead.
+
+        One elapsed read against the anchor (0.24 us on an H200), so the sample's events go
+        back to the pool at once: keeping them in the trace ring instead (2 x 4096 events)
+        made every record cycle through thousands of distinct CUDA events, and in the
+        launch-bound loop 512 distinct events cost 1.19-1.20x what re-recording two does.
+        ``elapsed_time`` is float32 ms, good to ~4 ns within 100 ms: past ANCHOR_HOP_MS
+        ``start`` becomes the anchor and positions add up in double (microseconds over hours).
+        """
+        try:
+            off = self.anchor.elapsed_time(start)
+        except (RuntimeError, ValueError):
+            return _NAN, start
+        at_ms = self.anchor_ms + off
+        if off > _ANCHOR_HOP_MS:
+            old = self.anchor
+            self.anchor, self.anchor_ms = start, at_ms
+            start = None if old is self.ref else old
+        return self.ref_ns + at_ms * 1e6, start
+
+
+# -- the registry of streams (process-wide) -----------------------------------------------------
+_streams: dict[tuple[int, int, int], StreamRec] = {}
+_defaults: dict[int, StreamRec] = {}  # the default stream's record per device: the hot path's
+
+
+def stream_of(key: tuple[int, int, int]) -> StreamRec | None:
+    return _streams.get(key)
+
+
+def new_stream(
+    key: tuple[int, int, int], stream: Any, raw: int | None, make_event: Callable[[], Any]
+) -> StreamRec:
+    """Make and register the record of a stream (replacing one of the same key)."""
+    rec = StreamRec(key, stream, raw, make_event)
+    _streams[key] = rec
+    if key[0] == 0 and key[2] == 1:
+        _defaults[key[1]] = rec
+    return rec
+
+
+def all_streams() -> list[StreamRec]:
+    return list(_streams.values())
+
+
+def forget_streams(grave: list[Any] | None = None) -> None:
+    """Drop every stream record, pending samples included; ``grave`` (a forked child) keeps
+    every object so that no CUDA event of the parent is ever destroyed."""
+    if grave is not None:
+        grave.append(dict(_streams))
+    _streams.clear()
+    _defaults.clear()
+
+
+def pending_total() -> int:
+    return sum(len(rec.pending_) for rec in list(_streams.values()))
+
+
+def clear_pending() -> None:
+    """Drop every pending sample without waiting (interpreter exit); leaves them when another
+    thread holds the lock for more than 0.5 s (a stuck thread must not hang the exit)."""
+    if not _LOCK.acquire(timeout=0.5):
+        return
+    try:
+        for rec in _streams.values():
+            rec.pending_.clear()
+    finally:
+        _LOCK.release()
+
+
+def drain(timeout_s: float) -> int:
+    """Wait (polling with a growing pause, never a blocking CUDA call) until the newest pending
+    sample of each stream is done or ``timeout_s`` passed, resolve every finished sample, and
+    return how many are still pending."""
+    deadline = time.monotonic() + timeout_s
+    for rec in list(_streams.values()):
+        pause = 50e-6
+        while True:
+            pend = rec.pending_
+            try:
+                newest = pend[-1]
+            except IndexError:
+                break
+            try:
+                done = newest.done() and all(s.done() for s in list(pend) if s.extra)
+            except RuntimeError:  # a stream is capturing: nothing can be read now
+                break
+            if done or time.monotonic() >= deadline:
+                break
+            time.sleep(pause)
+            pause = min(pause * 2, 2e-3)
+    with _LOCK:
+        for rec in list(_streams.values()):
+            rec._harvest()
+    return pending_total()
+
+
+# -- the store of one Timer ---------------------------------------------------------------------
+class HistState(NamedTuple):
+    """A distribution as ``_hist.Histogram`` takes it (``Histogram(*state)``)."""
+
+    n: int
+    total: float
+    min: float
+    max: float
+    zeros: int
+    buckets: tuple[tuple[int, int], ...]
+
+
+class SlotStats(NamedTuple):
+    """Whole-run statistics of one region path (``slot``) on one clock (``dev``, -1: host)."""
+
+    slot: int
+    dev: int
+    order: int  # when this (slot, dev) was first recorded, among the store's
+    calls: int
+    skipped: int
+    gpu: HistState
+    cpu: HistState
+
+
+class SeriesRow(NamedTuple):
+    """Raw samples of one region path on one clock in one kept step (float64 bytes)."""
+
+    step: int
+    slot: int
+    dev: int
+    gpu_ms: bytes
+    cpu_ms: bytes
+
+
+class TraceItem(NamedTuple):
+    """One of the last calls, for the trace (NaN ``at_ns``: its GPU start could not be read;
+    NaN ``gpu_ms``: a host sample)."""
+
+    slot: int
+    dev: int
+    stream: int
+    at_ns: float
+    gpu_ms: float
+    t0_ns: int
+    cpu_ms: float
+    step: int
+    tid: int
+
+
+class Snapshot(NamedTuple):
+    """What a store holds, copied out (``Store.snapshot``)."""
+
+    stats: list[SlotStats]
+    kept: tuple[int, ...]  # kept steps, oldest first
+    dropped: tuple[int, ...]  # kept steps whose raw samples passed the step cap
+    series: list[SeriesRow]
+    trace: list[TraceItem]
+
+
+def _state(builder: HistBuilder) -> HistState:
+    h = builder.freeze()
+    return HistState(h.count, h.total, h.min, h.max, h.zeros, h.buckets)
+
+
+class _Acc:
+    """Statistics of one (slot, clock), and its series in the step it last saw."""
+
+    __slots__ = ("calls", "cpu", "gpu", "order", "series", "series_step", "skipped")
+
+    def __init__(self, order: int) -> None:
+        self.order = order
+        self.calls = 0
+        self.skipped = 0
+        # Values are appended raw and folded into buckets 256 at a time (HistBuilder), about
+        # 0.1 us a value against 0.35 us for a per-value update in Python.
+        self.gpu = HistBuilder()
+        self.cpu = HistBuilder()
+        self.series_step = -1
+        self.series: tuple[array[float], array[float]] | None = None
+
+
+class _StepRec:
+    """The raw samples of one kept step: {(slot, dev): (gpu ms, cpu ms)}."""
+
+    __slots__ = ("count", "dropped", "rows")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.dropped = False
+        self.rows: dict[tuple[int, int], tuple[array[float], array[float]]] = {}
+
+
+class Store:
+    """Everything one Timer recorded: whole-run statistics per (slot, clock), the raw samples
+    of the last ``keep_steps`` steps (at most ``step_cap`` per step), the last
+    ``trace_samples`` calls, and the Timer's switches (``enabled``, ``step``, ``gen``).
+
+    ``child(parent_slot, name) -> slot`` names region paths (the region tree lives outside
+    the core); -1 is the root.
+    """
+
+    def __init__(
+        self,
+        keep_steps: int,
+        trace_samples: int,
+        step_cap: int,
+        child: Callable[[int, str], int],
+    ) -> None:
+        if keep_steps < 0 or trace_samples < 0 or step_cap < 1:
+            raise ValueError("keep_steps and trace_samples must be >= 0, step_cap >= 1")
+        self.enabled = True
+        self.step = 0
+        self._gen = 0
+        self.keep_steps = keep_steps
+        self.trace_samples = trace_samples
+        self.step_cap = step_cap
+        self.child = child
+        self._local = _Local()
+        self._stats: dict[tuple[int, int], _Acc] = {}
+        self._steps: dict[int, _StepRec] = {}  # insertion order: oldest first
+        self._trace: deque[TraceItem] = deque(maxlen=trace_samples)
+
+    @property
+    def gen(self) -> int:
+        """Bumped by reset(): samples of calls entered before it are dropped."""
+        return self._gen
+
+    def stack(self) -> Stack:
+        """The calling thread's stack of open regions of this store."""
+        stack: Stack = self._local.stack
+        return stack
+
+    def reset(self) -> None:
+        with _LOCK:
+            self._gen += 1
+            self.step = 0
+            self._stats = {}
+            self._steps = {}
+            self._trace = deque(maxlen=self.trace_samples)
+
+    def record(
+        self,
+        slot: int,
+        gen: int,
+        dev: int,
+        gpu_ms: float,
+        cpu_ms: float,
+        step: int,
+        t0_ns: int,
+        tid: int,
+        at_ns: float,
+        stream: int,
+        skipped: bool,
+    ) -> None:
+        """Fold one finished sample (``gpu_ms`` NaN for host samples)."""
+        with _LOCK:
+            self._fold(slot, gen, dev, gpu_ms, cpu_ms, step, t0_ns, tid, at_ns, stream, skipped)
+
+    def count(self, slot: int, gen: int, dev: int) -> None:
+        """Count a call that was not timed (``every=N``)."""
+        with _LOCK:
+            if gen == self._gen:
+                self._acc(slot, dev).calls += 1
+
+    def _acc(self, slot: int, dev: int) -> _Acc:
+        acc = self._stats.get((slot, dev))
+        if acc is None:
+            acc = self._stats[(slot, dev)] = _Acc(len(self._stats))
+        return acc
+
+    def _fold(
+        self,
+        slot: int,
+        gen: int,
+        dev: int,
+        gpu_ms: float,
+        cpu_ms: float,
+        step: int,
+        t0_ns: int,
+        tid: int,
+        at_ns: float,
+        stream: int,
+        skipped: bool,
+    ) -> None:
+        """``record`` with the lock held (the harvest calls it so)."""
+        if gen != self._gen:
+            return  # entered before reset(): discarded
+        acc = self._acc(slot, dev)
+        acc.calls += 1
+        if not _isnan(gpu_ms):
+            acc.gpu.add(gpu_ms)
+        acc.cpu.add(cpu_ms)
+        if skipped:
+            acc.skipped += 1
+        if self.keep_steps:
+            self._keep(acc, slot, dev, step, gpu_ms, cpu_ms)
+        if self.trace_samples:
+            self._trace.append(
+                TraceItem(slot, dev, stream, at_ns, gpu_ms, t0_ns, cpu_ms, step, tid)
+            )
+
+    def _keep(self, acc: _Acc, slot: int, dev: int, step: int, gpu: float, cpu: float) -> None:
+        rec = self._steps.get(step)
+        if rec is None:
+            rec = self._steps[step] = _StepRec()
+            if len(self._steps) > self.keep_steps:
+                del self._steps[next(iter(self._steps))]
+        rec.count += 1
+        if rec.dropped:
+            return
+        if rec.count > self.step_cap:
+            # A run that never calls step() is all step 0: past the cap its raw samples go,
+            # so memory stays bounded; windows leave the step out and say so.
+            rec.dropped = True
+            rec.rows = {}
+            acc.series = None
+            return
+        series = acc.series
+        if series is None or acc.series_step != step or rec.rows.get((slot, dev)) is not series:
+            series = rec.rows.get((slot, dev))
+            if series is None:
+                series = rec.rows[(slot, dev)] = (array("d"), array("d"))
+            acc.series, acc.series_step = series, step
+        series[0].append(gpu)
+        series[1].append(cpu)
+
+    def snapshot(self, series: bool = False, trace: bool = False) -> Snapshot:
+        """A copy of what this store holds; changes nothing."""
+        with _LOCK:
+            stats = [
+                SlotStats(
+                    slot, dev, acc.order, acc.calls, acc.skipped, _state(acc.gpu), _state(acc.cpu)
+                )
+                for (slot, dev), acc in self._stats.items()
+            ]
+            kept = tuple(self._steps)
+            dropped = tuple(s for s, rec in self._steps.items() if rec.dropped)
+            rows = (
+                [
+                    SeriesRow(step, slot, dev, g.tobytes(), c.tobytes())
+                    for step, rec in self._steps.items()
+                    for (slot, dev), (g, c) in rec.rows.items()
+                ]
+                if series
+                else []
+            )
+            items = list(self._trace) if trace else []
+        return Snapshot(stats, kept, dropped, rows, items)
+
+    def pending(self) -> int:
+        """This store's samples still waiting for the GPU."""
+        return sum(
+            1 for rec in list(_streams.values()) for s in list(rec.pending_) if s.store is self
+        )
+
+
+# -- the hot path -------------------------------------------------------------------------------
+class RegionBase:
+    """Base of ``cudatimer.Region``: ``__enter__``/``__exit__`` for the common case (the
+    Timer on, CUDA in use, the current device's default stream, no side streams), and the
+    general hooks given to ``bind`` for everything else."""
+
+    __slots__ = (
+        "_attrs",
+        "_cparent",
+        "_cslot",
+        "_enter_hook",
+        "_exit_hook",
+        "_fast",
+        "_pop",
+        "_push",
+        "_rname",
+        "_store",
+    )
+
+    def bind(
+        self,
+        store: Store,
+        fast: bool,
+        name: str,
+        push: Callable[[Any], Any] | None,
+        attrs: Any,
+        pop: Callable[[], Any] | None,
+        enter: Callable[[Any], None],
+        exit: Callable[[Any, bool], None],
+    ) -> None:
+        """Set what the hooks read (``Region.__init__`` calls it once)."""
+        self._store = store
+        self._fast = fast
+        self._rname = name
+        self._push = push
+        self._attrs = attrs
+        self._pop = pop
+        self._enter_hook = enter
+        self._exit_hook = exit
+        self._cparent = -2
+        self._cslot = -1
+
+    def __enter__(self) -> Any:
+        store = self._store
+        if not (self._fast and store.enabled and _usable):
+            self._enter_hook(self)
+            return self
+        key = _getter(-1)  # type: ignore[misc]
+        rec = _defaults.get(key[1]) if key[0] == 0 else None
+        if rec is None:  # a side stream (maybe capturing), or a stream not seen yet
+            self._enter_hook(self)
+            return self
+        stack = store._local.stack
+        parent = stack[-1].slot if stack else -1
+        if parent == self._cparent:
+            slot = self._cslot
+        else:
+            slot = store.child(parent, self._rname)
+            self._cparent, self._cslot = parent, slot
+        push = self._push
+        if push is not None:
+            push(self._attrs)
+        try:
+            start = rec.take()
+        except BaseException:
+            if push is not None:
+                self._pop()  # type: ignore[misc]
+            raise
+        stack.append(Frame(self, slot, store._gen, TIMED, rec, start, now_ns()))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        t1 = now_ns()
+        store = self._store
+        stack = store._local.stack
+        if self._fast and stack:
+            f = stack[-1]
+            rec = f.rec
+            if f.region is self and f.kind == TIMED and _getter(-1) == rec.key:  # type: ignore[misc,union-attr]
+                del stack[-1]
+                try:
+                    end = rec.take()  # type: ignore[union-attr]
+                    rec.push(  # type: ignore[union-attr]
+                        store, f.slot, f.gen, f.start, end, (), f.t0_ns, t1, store.step, stack.tid
+                    )
+                finally:
+                    if self._pop is not None:
+                        self._pop()
+                return
+        self._exit_hook(self, exc_type is None)
+
+
+class NullRegion:
+    """What regions become under ``CUDATIMER_DISABLE``: nothing on enter, exit or call."""
+
+    __slots__ = ()
+    name = ""
+
+    def __enter__(self) -> NullRegion:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __call__(self, fn: Any) -> Any:
+        return fn

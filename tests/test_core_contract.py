@@ -1,0 +1,379 @@
+"""The recorder contract (``cudatimer/_core.pyi``): the C core and its Python reference, driven
+side by side with the same fake events, give the same results; and the whole CPU suite runs on
+the core that this process did not choose (a subprocess with the other setting)."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+import cudatimer
+from cudatimer import _core, _core_py, _device
+from tests.fake_cuda import FakeEvent, FakeGPU
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _c_core() -> ModuleType | None:
+    try:
+        return importlib.import_module("cudatimer._speedups")
+    except ImportError:
+        return None
+
+
+C_CORE = _c_core()
+CORES = [pytest.param(_core_py, id="python")] + (
+    [pytest.param(C_CORE, id="c")] if C_CORE is not None else []
+)
+needs_c = pytest.mark.skipif(C_CORE is None, reason="the C core was not built here")
+
+
+class _Bench:
+    """One core wired to a fake GPU for the length of a test (its module state restored)."""
+
+    def __init__(self, core: ModuleType) -> None:
+        self.core = core
+        self.gpu = FakeGPU()
+        self.names: dict[tuple[int, str], int] = {}
+        self.paths: dict[int, str] = {}
+
+    def child(self, parent: int, name: str) -> int:
+        key = (parent, name)
+        if key not in self.names:
+            self.names[key] = len(self.names)
+            prefix = "" if parent < 0 else self.paths[parent] + "/"
+            self.paths[self.names[key]] = prefix + name
+        return self.names[key]
+
+    def stream(self, key: tuple[int, int, int] = (0, 0, 1)) -> Any:
+        gpu = self.gpu
+        return self.core.new_stream(key, gpu.stream(key), None, lambda: FakeEvent(gpu, key[1]))
+
+    def region(self, store: Any, name: str, fast: bool = True) -> Any:
+        """A region of this core with general hooks that only count (fast=False: always)."""
+        core = self.core
+
+        class R(core.RegionBase):  # type: ignore[misc, name-defined]
+            __slots__ = ("calls", "name")
+
+        r = R()
+        r.name = name
+        r.calls = []
+        r.bind(
+            store,
+            fast,
+            name,
+            None,
+            None,
+            None,
+            lambda region: region.calls.append("enter"),
+            lambda region, clean: region.calls.append("exit"),
+        )
+        return r
+
+
+@pytest.fixture(params=CORES)
+def bench(request: pytest.FixtureRequest) -> Iterator[_Bench]:
+    core: ModuleType = request.param
+    b = _Bench(core)
+    core.forget_streams()
+    core.set_stream_getter(b.gpu.get_stream, False)
+    core.set_usable(True)
+    try:
+        yield b
+    finally:
+        core.forget_streams()
+        core.set_usable(False)
+        core.set_stream_getter(None, False)
+        _device.configure_core()
+        if core is _core:  # the chosen core: give it back to the device seam as it was
+            _device.use(_device.use(None))
+
+
+def _canon(snap: Any, paths: dict[int, str], ref_ns: int) -> dict[str, Any]:
+    """A snapshot as comparable plain data. Host times of the fast path come from the real
+    clock (they differ between runs): only their counts are compared, and GPU placements are
+    taken relative to the stream's reference. Totals are rounded: C sums one by one, the
+    Python reference in batches with fsum."""
+
+    def hist(h: Any, host_clock: bool) -> tuple[Any, ...]:
+        if host_clock:
+            return (h[0],)
+        return (h[0], round(h[1], 9), h[2], h[3], h[4], tuple(h[5]))
+
+    return {
+        "stats": sorted(
+            (
+                paths[s.slot],
+                s.dev,
+                s.order,
+                s.calls,
+                s.skipped,
+                hist(s.gpu, False),
+                hist(s.cpu, s.dev >= 0),
+            )
+            for s in snap.stats
+        ),
+        "kept": tuple(snap.kept),
+        "dropped": tuple(snap.dropped),
+        "series": sorted(
+            (
+                r.step,
+                paths[r.slot],
+                r.dev,
+                bytes(r.gpu_ms),
+                len(r.cpu_ms) if r.dev >= 0 else bytes(r.cpu_ms),
+            )
+            for r in snap.series
+        ),
+        "trace": [
+            (
+                paths[t.slot],
+                t.dev,
+                t.stream,
+                None if math.isnan(t.at_ns) else round((t.at_ns - ref_ns) / 1000),
+                None if math.isnan(t.gpu_ms) else round(t.gpu_ms, 9),
+                t.step,
+            )
+            for t in snap.trace
+        ],
+    }
+
+
+def _scenario(b: _Bench) -> dict[str, Any]:
+    """Every path of the contract that a fake GPU can drive, with fixed host times."""
+    core, gpu = b.core, b.gpu
+    rec = b.stream()
+    side = b.stream((7, 0, 1))
+    store = core.Store(3, 8, 5, b.child)
+    outer, inner = b.region(store, "outer"), b.region(store, "inner")
+    for _ in range(4):
+        with outer:
+            gpu.run(2.0)
+            with inner:
+                gpu.run(1.0)
+            with inner:
+                gpu.run(0.5)
+        store.step += 1
+    gpu.hold()
+    with outer:
+        gpu.run(4.0)
+    held = core.drain(0.0)
+    gpu.release()
+    slot = b.child(-1, "host")
+    for i in range(7):  # more than step_cap (5) in step 4: the step is dropped
+        store.record(
+            slot, store.gen, -1, math.nan, 0.25 * i, store.step, 1000 * i, 1, math.nan, 0, i == 3
+        )
+    store.count(slot, store.gen, -1)
+    start, end = rec.take(), None
+    gpu.run(3.0)
+    gpu.busy[(7, 0, 1)] = gpu.busy[(0, 0, 1)] + 6.0  # stream 7 ends 9 ms after the start
+    end = rec.take()
+    far = side.take()
+    rec.push(store, b.child(-1, "sides"), store.gen, start, end, (far,), 0, 10, store.step, 1)
+    gpu.run(150.0)  # past the anchor hop: placement moves its anchor
+    with outer:
+        gpu.run(1.0)
+    left = core.drain(1.0)
+    out = _canon(store.snapshot(series=True, trace=True), b.paths, rec.ref_ns)
+    out.update(held=held, left=left, pending=store.pending(), anchor_is_ref=rec.anchor_is_ref)
+    out["general"] = (outer.calls, inner.calls)
+    return out
+
+
+@needs_c
+def test_both_cores_give_the_same_results() -> None:
+    """The same calls on the C core and on the Python reference give equal snapshots."""
+    results = []
+    for core in (_core_py, C_CORE):
+        b = _Bench(core)  # type: ignore[arg-type]
+        core.forget_streams()
+        core.set_stream_getter(b.gpu.get_stream, False)
+        core.set_usable(True)
+        try:
+            results.append(_scenario(b))
+        finally:
+            core.forget_streams()
+            core.set_usable(False)
+            core.set_stream_getter(None, False)
+    _device.use(_device.use(None))
+    python, c = results
+    assert python == c
+    # held: the held region, and the last two ends recorded at the instant the GPU was held
+    assert python["held"] == 3 and python["left"] == 0 and python["general"] == ([], [])
+    assert python["anchor_is_ref"] is False
+    assert python["dropped"] == (4,) and python["kept"] == (2, 3, 4)
+
+
+def test_scenario_results_are_what_the_fake_gpu_ran(bench: _Bench) -> None:
+    """Each core's own results match the work queued on the fake GPU."""
+    got = _scenario(bench)
+    stats = {(p, d): (calls, skipped, gpu) for p, d, _, calls, skipped, gpu, _ in got["stats"]}
+    assert stats[("outer", 0)][0] == 6 and stats[("outer/inner", 0)][0] == 8
+    assert stats[("outer/inner", 0)][2][2:4] == (0.5, 1.0)  # GPU min and max
+    assert stats[("sides", 0)][2][3] == pytest.approx(9.0)  # the latest end, on stream 7
+    assert stats[("host", -1)][:2] == (8, 1)  # 7 timed + 1 counted; one skipped
+    assert [t[0] for t in got["trace"]][-2:] == ["sides", "outer"]
+
+
+def test_fast_path_falls_back_to_the_general_hooks(bench: _Bench) -> None:
+    """A region not fast, a disabled store, or a side stream go to the general hooks."""
+    store = bench.core.Store(0, 0, 1, bench.child)
+    bench.stream()
+    slow = bench.region(store, "slow", fast=False)
+    with slow:
+        pass
+    fast = bench.region(store, "fast")
+    store.enabled = False
+    with fast:
+        pass
+    store.enabled = True
+    side = bench.gpu.new_stream()
+    bench.stream(FakeGPU.key(side))
+    with bench.gpu.use(side), fast:
+        pass
+    assert slow.calls == ["enter", "exit"] and fast.calls == ["enter", "exit"] * 2
+    assert store.snapshot().stats == []
+
+
+def test_stack_frames_have_named_fields(bench: _Bench) -> None:
+    """Stacks hold Frames with named fields; take() finds a region's frame out of order."""
+    core = bench.core
+    store = core.Store(0, 0, 1, bench.child)
+    stack = store.stack()
+    a, b = object(), object()
+    stack.push(core.Frame(a, 1, 0, core.HOST, t0_ns=5))
+    stack.push(core.Frame(b, 2, 0, core.UNTIMED, dev=3))
+    top = stack.top()
+    assert (top.region, top.slot, top.kind, top.dev) == (b, 2, core.UNTIMED, 3)
+    assert len(stack) == 2 and stack.tid == threading.get_ident()
+    frame = stack.take(a)
+    assert frame is not None and (frame.slot, frame.t0_ns) == (1, 5)
+    assert stack.take(a) is None and [f.region for f in stack.frames()] == [b]
+    assert stack.pop().region is b
+    with pytest.raises(IndexError):
+        stack.pop()
+
+
+def test_stacks_are_per_thread(bench: _Bench) -> None:
+    """Each thread sees its own stack of a store, with its own thread id."""
+    core = bench.core
+    store = core.Store(0, 0, 1, bench.child)
+    store.stack().push(core.Frame(None, 0, 0, core.OFF))
+    seen: list[tuple[int, int]] = []
+    thread = threading.Thread(target=lambda: seen.append((len(store.stack()), store.stack().tid)))
+    thread.start()
+    thread.join()
+    assert seen == [(0, thread.ident)] and len(store.stack()) == 1
+    store.stack().clear()
+
+
+def test_bury_turns_event_frames_into_host_frames(bench: _Bench) -> None:
+    """A forked child's open event frames become host frames; their events go to the grave."""
+    core = bench.core
+    rec = bench.stream()
+    store = core.Store(0, 0, 1, bench.child)
+    start = rec.take()
+    store.stack().push(core.Frame(None, 0, 0, core.TIMED, rec, start, 7))
+    grave: list[Any] = []
+    store.stack().bury(grave)
+    frame = store.stack().pop()
+    assert (frame.kind, frame.rec, frame.start, frame.t0_ns) == (core.HOST, None, None, 7)
+    assert any(g is start for g in grave)
+    core.forget_streams(grave)
+    assert core.all_streams() == [] and len(grave) > 1
+
+
+def test_reset_drops_samples_entered_before_it(bench: _Bench) -> None:
+    """Samples still pending at reset() never appear; their events return to the pool."""
+    store = bench.core.Store(4, 4, 10, bench.child)
+    rec = bench.stream()
+    r = bench.region(store, "r")
+    with r:
+        pass
+    bench.core.drain(1.0)
+    pooled = rec.pooled
+    bench.gpu.hold()
+    with r:
+        bench.gpu.run(1.0)
+    store.reset()
+    bench.gpu.release()
+    assert bench.core.drain(1.0) == 0 and store.snapshot().stats == [] and store.gen == 1
+    assert rec.pooled == pooled and store.step == 0
+
+
+def test_harvest_batch_is_the_one_handed_to_the_core(bench: _Bench) -> None:
+    """Pending samples are harvested every ``harvest_batch`` exits, as configured (the C core
+    keeps no copy of the constant)."""
+    core = bench.core
+    core.configure(
+        inv_log_gamma=1.0 / math.log((1.01) / (0.99)),
+        harvest_batch=4,
+        anchor_hop_ms=100.0,
+        prewarm=2,
+    )
+    rec = bench.stream()
+    assert rec.pooled == 2
+    store = core.Store(0, 0, 1, bench.child)
+    r = bench.region(store, "r")
+    for _ in range(3):
+        with r:
+            pass
+    assert rec.pending == 3
+    with r:
+        pass
+    assert rec.pending == 0 and store.snapshot().stats[0].calls == 4
+
+
+@needs_c
+def test_c_source_defines_no_constant_of_the_python_side() -> None:
+    """The C core takes its constants from ``configure``; none is written into its source."""
+    source = (ROOT / "cudatimer" / "_speedups.c").read_text()
+    for name in ("ANCHOR_HOP", "HARVEST_BATCH", "PREWARM", "STEP_SAMPLE_CAP"):
+        assert not re.search(rf"#define\s+\w*{name}", source), name
+    assert not re.search(r"\b(100\.0|65536)\b", source)
+
+
+def test_chosen_core_is_reported() -> None:
+    """``cudatimer.compiled()`` says which core this process chose, once, at import."""
+    assert cudatimer.compiled() is (_core.IMPL == "c")
+    assert (
+        "python" if C_CORE is None or os.environ.get("CUDATIMER_PURE_PYTHON") == "1" else "c"
+    ) == _core.IMPL
+
+
+NESTED = "CUDATIMER_NESTED_SUITE"
+
+
+@pytest.mark.timeout(3000)
+@pytest.mark.skipif(os.environ.get(NESTED) == "1", reason="this is the nested run")
+@needs_c
+def test_whole_suite_on_the_other_core() -> None:
+    """The CPU suite passes on the core this process did not choose (run in a subprocess)."""
+    env = dict(os.environ)
+    env[NESTED] = "1"
+    env["CUDATIMER_PURE_PYTHON"] = "0" if _core.IMPL == "python" else "1"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "tests"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=2900,
+    )
+    tail = done.stdout[-4000:] + done.stderr[-2000:]
+    assert done.returncode == 0, tail
+    passed = re.search(r"(\d+) passed", done.stdout)
+    assert passed is not None and int(passed.group(1)) > 400, tail
