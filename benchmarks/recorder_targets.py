@@ -12,7 +12,10 @@
    forward (the same modules, the same Timer settings).
 3. 10^6 regions with no report: resident memory growth.
 4. The pure-Python core against the C core per region: this script again, in a process with
-   CUDATIMER_PURE_PYTHON=1, measuring its own loop (its own unwrapped rounds).
+   CUDATIMER_PURE_PYTHON=1, measuring its own loop (its own unwrapped rounds and floor).
+5. The recorder before the redesign (``--before DIR``: a copy of that commit's ``cudatimer``
+   package, its extension built), in a process of its own, against its own floor: the same
+   loop and method, so "did the redesign move the figure" is answered in one run.
 
     python3 benchmarks/recorder_targets.py --out DIR            # on the GPU machine
     python3 benchmarks/recorder_targets.py --smoke --out DIR    # a quick run (CPU too)
@@ -37,10 +40,12 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import cudatimer
-from benchmarks._workloads import GPT, GPTConfig
-from cudatimer import _core
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+if os.environ.get("CUDATIMER_TREE"):  # a child measuring another copy of the package
+    sys.path.insert(0, os.environ["CUDATIMER_TREE"])
+import cudatimer  # noqa: E402  (after the path of the copy to measure)
+from benchmarks._workloads import GPT, GPTConfig  # noqa: E402
 
 Loop = Callable[[int], None]
 
@@ -217,6 +222,22 @@ def decode(args: argparse.Namespace, device: str) -> dict[str, Any]:
 
         manual_forwards.append((module, timed))
 
+    floor_forwards: list[tuple[torch.nn.Module, Any]] = []
+    if device == "cuda":
+        stream = torch.cuda.current_stream()
+        for _, module in modules:
+            a = torch.Event(device="cuda", enable_timing=True)
+            b = torch.Event(device="cuda", enable_timing=True)
+            fwd = module.forward
+
+            def floor(*args: Any, _f: Any = fwd, _a: Any = a, _b: Any = b, **k: Any) -> Any:
+                _a.record(stream)
+                out = _f(*args, **k)
+                _b.record(stream)
+                return out
+
+            floor_forwards.append((module, floor))
+
     state = {"mode": "none"}
     handle: list[Any] = []
 
@@ -229,12 +250,13 @@ def decode(args: argparse.Namespace, device: str) -> dict[str, Any]:
             module.__dict__.pop("forward", None)
         if mode == "instrument":
             handle.append(cudatimer.instrument(model, timer=t_inst))
-        elif mode == "manual":
-            for module, timed in manual_forwards:
-                module.forward = timed
+        elif mode in ("manual", "torch-floor"):
+            for module, forward in manual_forwards if mode == "manual" else floor_forwards:
+                module.forward = forward
         state["mode"] = mode
 
-    loops: dict[str, Loop] = {m: run for m in ("none", "instrument", "manual")}
+    modes = ("none", "instrument", "manual") + (("torch-floor",) if floor_forwards else ())
+    loops: dict[str, Loop] = {m: run for m in modes}
     added = paired_rounds(
         loops, args.decode_iters, args.rounds, device == "cuda", seed=7, setup=switch
     )
@@ -249,7 +271,16 @@ def decode(args: argparse.Namespace, device: str) -> dict[str, Any]:
     plain_s = statistics.median(base)
     inst_s, manual_s = trimmed_mean(added["instrument"]), trimmed_mean(added["manual"])
     regions = len(t_inst.summary().regions)
+    floor: dict[str, float] = {}
+    if "torch-floor" in added:
+        floor_s = trimmed_mean(added["torch-floor"])
+        floor = {
+            "torch_floor_slowdown": (plain_s + floor_s) / plain_s,
+            "torch_floor_us_per_module": floor_s / len(modules) * 1e6,
+            "instrument_vs_torch_floor": inst_s / floor_s,
+        }
     return {
+        **floor,
         "modules": len(modules),
         "regions_recorded": regions,
         "plain_decode_ms": plain_s * 1e3,
@@ -291,14 +322,37 @@ def memory(args: argparse.Namespace, device: str) -> dict[str, Any]:
     }
 
 
-# -- 4. the pure-Python core, in its own process -------------------------------------------------
-def pure_child(args: argparse.Namespace, device: str) -> dict[str, Any]:
-    loops, per_iter = launch_loops(device, only_cudatimer=True)
-    runs = []
+# -- 4 and 5. another core or another copy of the package, in its own process ----------------
+def child(args: argparse.Namespace, device: str) -> dict[str, Any]:
+    """The launch loop's cudatimer and torch floor in this process (its own unwrapped rounds)."""
+    loops, per_iter = launch_loops(device)
+    loops.pop("raw-floor", None)
+    runs, ratios = [], []
     for run in range(args.runs):
         added = paired_rounds(loops, args.iters, args.rounds, device == "cuda", seed=run)
         runs.append(trimmed_mean(added["cudatimer"]) / per_iter * 1e6)
-    return {"impl": _core.IMPL, "cudatimer_us_runs": runs, "cudatimer_us": statistics.median(runs)}
+        if "torch-floor" in added:
+            ratios.append(trimmed_mean(added["cudatimer"]) / trimmed_mean(added["torch-floor"]))
+    return {
+        "compiled": cudatimer.compiled(),
+        "cudatimer_us_runs": runs,
+        "cudatimer_us": statistics.median(runs),
+        "vs_torch_floor": ratios,
+        "median_vs_torch_floor": statistics.median(ratios) if ratios else None,
+    }
+
+
+def run_child(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--child", "--runs", str(args.runs)]
+    command += ["--rounds", str(args.rounds), "--iters", str(args.iters)]
+    command += ["--smoke"] if args.smoke else []
+    done = subprocess.run(
+        command, env=dict(os.environ, **env), capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"child {env} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def main() -> None:
@@ -309,31 +363,29 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=4)
     p.add_argument("--decode-iters", type=int, default=8)
     p.add_argument("--smoke", action="store_true", help="tiny sizes: checks that it runs")
-    p.add_argument("--pure-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--before", type=Path, help="a copy of the package before the redesign")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.smoke:
         args.runs, args.rounds, args.iters, args.decode_iters = 1, 3, 1, 1
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.pure_child:
-        print(json.dumps(pure_child(args, device)))
+    if args.child:
+        print(json.dumps(child(args, device)))
         return
     result: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__,
-        "impl": _core.IMPL,
+        "compiled": cudatimer.compiled(),
         "date": time.strftime("%Y-%m-%d"),
         "launch": launch(args, device),
         "decode": decode(args, device),
         "memory": memory(args, device),
     }
-    child_args = [sys.executable, __file__, "--pure-child", "--runs", str(args.runs)]
-    child_args += ["--rounds", str(args.rounds), "--iters", str(args.iters)]
-    child_args += ["--smoke"] if args.smoke else []
-    env = dict(os.environ, CUDATIMER_PURE_PYTHON="1")
-    done = subprocess.run(child_args, env=env, capture_output=True, text=True, check=True)
-    pure = json.loads(done.stdout.strip().splitlines()[-1])
+    pure = run_child(args, {"CUDATIMER_PURE_PYTHON": "1"})
     result["pure"] = pure
     result["pure_vs_c_per_region"] = pure["cudatimer_us"] / result["launch"]["cudatimer_us"]
+    if args.before is not None:
+        result["before"] = run_child(args, {"CUDATIMER_TREE": str(args.before.resolve())})
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "recorder_targets.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))

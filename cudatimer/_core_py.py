@@ -28,6 +28,8 @@ from typing import Any, NamedTuple
 
 from ._hist import HistBuilder
 
+_FOLD = HistBuilder.FOLD
+
 IMPL = "python"
 
 # Frame kinds (what ``Frame.kind`` says the exit must do).
@@ -103,9 +105,29 @@ def runtime_bound() -> bool:
 
 # -- frames and stacks --------------------------------------------------------------------------
 class Frame:
-    """One open region call on a thread's stack (or a detached one: ``range_id`` set)."""
+    """One open region call on a thread's stack (or a detached one: ``range_id`` set).
 
-    __slots__ = ("dev", "gen", "kind", "range_id", "rec", "region", "slot", "start", "t0_ns")
+    The hot path's exit queues the frame itself as the pending sample (``end``, ``extra``,
+    ``t1``, ``step``, ``tid`` and ``store`` set then): one object per region instead of two,
+    ~0.45 us less per region in Python."""
+
+    __slots__ = (
+        "dev",
+        "end",
+        "extra",
+        "gen",
+        "kind",
+        "range_id",
+        "rec",
+        "region",
+        "slot",
+        "start",
+        "step",
+        "store",
+        "t0_ns",
+        "t1",
+        "tid",
+    )
 
     def __init__(
         self,
@@ -174,9 +196,10 @@ class _Local(threading.local):
 
 # -- samples and stream records -----------------------------------------------------------------
 class _Pending:
-    """A region call whose events the GPU may not have reached yet."""
+    """A region call whose events the GPU may not have reached yet (queued by ``push``; the
+    hot path queues its Frame, which has the same fields)."""
 
-    __slots__ = ("end", "extra", "gen", "slot", "start", "step", "store", "t0", "t1", "tid")
+    __slots__ = ("end", "extra", "gen", "slot", "start", "step", "store", "t0_ns", "t1", "tid")
 
     def __init__(
         self,
@@ -197,13 +220,17 @@ class _Pending:
         self.start = start
         self.end = end
         self.extra = extra
-        self.t0 = t0
+        self.t0_ns = t0
         self.t1 = t1
         self.step = step
         self.tid = tid
 
-    def done(self) -> bool:
-        return bool(self.end.query()) and all(e.query() for e in self.extra)
+
+def _done(s: Any) -> bool:
+    """Whether every end event of a pending sample is complete (never blocks)."""
+    if not s.end.query():
+        return False
+    return not s.extra or all(e.query() for e in s.extra)
 
 
 class StreamRec:
@@ -236,7 +263,7 @@ class StreamRec:
         self.stream = stream
         self.make_event = make_event
         self.pool: list[Any] = []
-        self.pending_: deque[_Pending] = deque()
+        self.pending_: deque[Any] = deque()  # _Pending, or Frames queued by the hot path
         self.check_at = _HARVEST_BATCH
         # GPU starts are read against this reference, recorded now at host time ref_ns.
         self.ref = make_event()
@@ -302,36 +329,68 @@ class StreamRec:
     def _ready(self) -> int:
         pend = self.pending_
         n = len(pend)
-        if not n or pend[-1].done():
+        if not n or _done(pend[-1]):
             return n
         # Events on one stream complete in record order: binary-search the first unfinished
         # sample (log2(n) queries instead of one per sample).
         lo, hi = 0, n - 1
         while lo < hi:
             mid = (lo + hi) // 2
-            if pend[mid].done():
+            if _done(pend[mid]):
                 lo = mid + 1
             else:
                 hi = mid
         return lo
 
     def _harvest(self) -> None:
+        """Resolve and fold the finished samples, in order (the lock held). The common case
+        (one end event, placement for the trace) is written out: in the launch-bound loop each
+        Python call saved here is ~0.1 us per region."""
         pend = self.pending_
+        pool = self.pool
+        dev, stream = self.device, self.key[0]
         for _ in range(self._ready()):
-            if not self._resolve(pend.popleft()):
+            s = pend.popleft()
+            if s.extra:
+                if not self._resolve(s):
+                    break
+                continue
+            start = s.start
+            try:
+                gpu_ms = start.elapsed_time(s.end)
+            except (RuntimeError, ValueError):  # two threads appended out of record order
+                pend.appendleft(s)
                 break
+            store = s.store
+            at_ns = _NAN
+            if store.trace_samples and s.gen == store._gen:
+                at_ns, start = self._place(start)
+            if start is not None:
+                pool.append(start)
+            pool.append(s.end)
+            t0 = s.t0_ns
+            store._fold(
+                s.slot,
+                s.gen,
+                dev,
+                gpu_ms,
+                (s.t1 - t0) * 1e-6,
+                s.step,
+                t0,
+                s.tid,
+                at_ns,
+                stream,
+                False,
+            )
         self.check_at = len(pend) + _HARVEST_BATCH
 
-    def _resolve(self, s: _Pending) -> bool:
-        """Fold one finished sample into its store; False (put back first in line) when its
-        events cannot be read yet."""
+    def _resolve(self, s: Any) -> bool:
+        """Fold one finished sample with side-stream ends; False (put back first in line) when
+        its events cannot be read yet."""
         try:
-            if s.extra:
-                if not s.done():  # side-stream ends finish in no particular order
-                    raise RuntimeError("a side stream is still running")
-                gpu_ms = max(s.start.elapsed_time(e) for e in (s.end, *s.extra))
-            else:
-                gpu_ms = s.start.elapsed_time(s.end)
+            if not _done(s):  # side-stream ends finish in no particular order
+                raise RuntimeError("a side stream is still running")
+            gpu_ms = max(s.start.elapsed_time(e) for e in (s.end, *s.extra))
         except (RuntimeError, ValueError):
             self.pending_.appendleft(s)
             return False
@@ -350,9 +409,9 @@ class StreamRec:
             s.gen,
             self.device,
             gpu_ms,
-            (s.t1 - s.t0) * 1e-6,
+            (s.t1 - s.t0_ns) * 1e-6,
             s.step,
-            s.t0,
+            s.t0_ns,
             s.tid,
             at_ns,
             self.key[0],
@@ -446,7 +505,7 @@ def drain(timeout_s: float) -> int:
             except IndexError:
                 break
             try:
-                done = newest.done() and all(s.done() for s in list(pend) if s.extra)
+                done = _done(newest) and all(_done(s) for s in list(pend) if s.extra)
             except RuntimeError:  # a stream is capturing: nothing can be read now
                 break
             if done or time.monotonic() >= deadline:
@@ -526,7 +585,7 @@ def _state(builder: HistBuilder) -> HistState:
 class _Acc:
     """Statistics of one (slot, clock), and its series in the step it last saw."""
 
-    __slots__ = ("calls", "cpu", "gpu", "order", "series", "series_step", "skipped")
+    __slots__ = ("calls", "cpu", "gpu", "order", "series", "series_rec", "series_step", "skipped")
 
     def __init__(self, order: int) -> None:
         self.order = order
@@ -536,18 +595,22 @@ class _Acc:
         # 0.1 us a value against 0.35 us for a per-value update in Python.
         self.gpu = HistBuilder()
         self.cpu = HistBuilder()
+        # The series of the step this (slot, clock) last saw, while that step is kept and not
+        # dropped (``_StepRec.live``): one test per sample instead of two dict lookups.
         self.series_step = -1
+        self.series_rec: _StepRec | None = None
         self.series: tuple[array[float], array[float]] | None = None
 
 
 class _StepRec:
     """The raw samples of one kept step: {(slot, dev): (gpu ms, cpu ms)}."""
 
-    __slots__ = ("count", "dropped", "rows")
+    __slots__ = ("count", "dropped", "live", "rows")
 
     def __init__(self) -> None:
         self.count = 0
         self.dropped = False
+        self.live = True  # False once evicted or dropped: cached series must be looked up
         self.rows: dict[tuple[int, int], tuple[array[float], array[float]]] = {}
 
 
@@ -579,7 +642,9 @@ class Store:
         self._local = _Local()
         self._stats: dict[tuple[int, int], _Acc] = {}
         self._steps: dict[int, _StepRec] = {}  # insertion order: oldest first
-        self._trace: deque[TraceItem] = deque(maxlen=trace_samples)
+        # Plain tuples in TraceItem's field order (a NamedTuple built per sample cost ~0.6 us
+        # in Python); named at the boundary, in snapshot().
+        self._trace: deque[tuple[Any, ...]] = deque(maxlen=trace_samples)
 
     @property
     def gen(self) -> int:
@@ -643,47 +708,67 @@ class Store:
         stream: int,
         skipped: bool,
     ) -> None:
-        """``record`` with the lock held (the harvest calls it so)."""
+        """``record`` with the lock held (the harvest calls it so). HistBuilder's appends and
+        the series cache are written out: each Python call saved is ~0.1 us per sample."""
         if gen != self._gen:
             return  # entered before reset(): discarded
-        acc = self._acc(slot, dev)
+        acc = self._stats.get((slot, dev))
+        if acc is None:
+            acc = self._stats[(slot, dev)] = _Acc(len(self._stats))
         acc.calls += 1
-        if not _isnan(gpu_ms):
-            acc.gpu.add(gpu_ms)
-        acc.cpu.add(cpu_ms)
+        if gpu_ms == gpu_ms:  # not NaN: a GPU sample
+            raw = acc.gpu.raw
+            raw.append(gpu_ms)
+            if len(raw) >= _FOLD:
+                acc.gpu.fold()
+        raw = acc.cpu.raw
+        raw.append(cpu_ms)
+        if len(raw) >= _FOLD:
+            acc.cpu.fold()
         if skipped:
             acc.skipped += 1
         if self.keep_steps:
-            self._keep(acc, slot, dev, step, gpu_ms, cpu_ms)
+            rec = acc.series_rec
+            if acc.series_step == step and rec is not None and rec.live:
+                rec.count += 1
+                if rec.count > self.step_cap:
+                    self._drop(rec)
+                else:
+                    series = acc.series
+                    series[0].append(gpu_ms)  # type: ignore[index]
+                    series[1].append(cpu_ms)  # type: ignore[index]
+            else:
+                self._keep(acc, slot, dev, step, gpu_ms, cpu_ms)
         if self.trace_samples:
-            self._trace.append(
-                TraceItem(slot, dev, stream, at_ns, gpu_ms, t0_ns, cpu_ms, step, tid)
-            )
+            self._trace.append((slot, dev, stream, at_ns, gpu_ms, t0_ns, cpu_ms, step, tid))
 
     def _keep(self, acc: _Acc, slot: int, dev: int, step: int, gpu: float, cpu: float) -> None:
+        """A sample of a step this (slot, clock) has no cached series for."""
         rec = self._steps.get(step)
         if rec is None:
             rec = self._steps[step] = _StepRec()
             if len(self._steps) > self.keep_steps:
-                del self._steps[next(iter(self._steps))]
+                self._steps.pop(next(iter(self._steps))).live = False
         rec.count += 1
         if rec.dropped:
             return
         if rec.count > self.step_cap:
-            # A run that never calls step() is all step 0: past the cap its raw samples go,
-            # so memory stays bounded; windows leave the step out and say so.
-            rec.dropped = True
-            rec.rows = {}
-            acc.series = None
+            self._drop(rec)
             return
-        series = acc.series
-        if series is None or acc.series_step != step or rec.rows.get((slot, dev)) is not series:
-            series = rec.rows.get((slot, dev))
-            if series is None:
-                series = rec.rows[(slot, dev)] = (array("d"), array("d"))
-            acc.series, acc.series_step = series, step
+        series = rec.rows.get((slot, dev))
+        if series is None:
+            series = rec.rows[(slot, dev)] = (array("d"), array("d"))
+        acc.series, acc.series_step, acc.series_rec = series, step, rec
         series[0].append(gpu)
         series[1].append(cpu)
+
+    @staticmethod
+    def _drop(rec: _StepRec) -> None:
+        """A run that never calls step() is all step 0: past the cap its raw samples go, so
+        memory stays bounded; windows leave the step out and say so."""
+        rec.dropped = True
+        rec.live = False
+        rec.rows = {}
 
     def snapshot(self, series: bool = False, trace: bool = False) -> Snapshot:
         """A copy of what this store holds; changes nothing."""
@@ -705,7 +790,7 @@ class Store:
                 if series
                 else []
             )
-            items = list(self._trace) if trace else []
+            items = [TraceItem._make(t) for t in self._trace] if trace else []
         return Snapshot(stats, kept, dropped, rows, items)
 
     def pending(self) -> int:
@@ -778,7 +863,9 @@ class RegionBase:
         if push is not None:
             push(self._attrs)
         try:
-            start = rec.take()
+            pool = rec.pool
+            start = pool.pop() if pool else rec.make_event()  # rec.take(), written out
+            start.record(rec.stream)
         except BaseException:
             if push is not None:
                 self._pop()  # type: ignore[misc]
@@ -801,10 +888,22 @@ class RegionBase:
             if f.region is self and f.kind == TIMED and _getter(-1) == rec.key:  # type: ignore[misc,union-attr]
                 del stack[-1]
                 try:
-                    end = rec.take()  # type: ignore[union-attr]
-                    rec.push(  # type: ignore[union-attr]
-                        store, f.slot, f.gen, f.start, end, (), f.t0_ns, t1, store.step, stack.tid
-                    )
+                    pool = rec.pool  # type: ignore[union-attr]
+                    end = pool.pop() if pool else rec.make_event()  # type: ignore[union-attr]
+                    end.record(rec.stream)  # type: ignore[union-attr]
+                    f.end = end
+                    f.extra = ()
+                    f.t1 = t1
+                    f.step = store.step
+                    f.tid = stack.tid
+                    f.store = store
+                    pend = rec.pending_  # type: ignore[union-attr]
+                    pend.append(f)
+                    if len(pend) >= rec.check_at and _LOCK.acquire(blocking=False):  # type: ignore[union-attr]
+                        try:
+                            rec._harvest()  # type: ignore[union-attr]
+                        finally:
+                            _LOCK.release()
                 finally:
                     if self._pop is not None:
                         self._pop()

@@ -231,7 +231,9 @@ def instrument(
                 label = f"{path or root_name}.backward"
                 inner = _backward_hooks(timer.region(label))
                 handle.backward_regions[path] = label
-            handle._undo.append(bind_forward(module, region, inner))
+            # Only the model itself may be compiled as a whole (torch.compile(model)); its
+            # submodules' forwards run inside the frames Dynamo traces, or eagerly.
+            handle._undo.append(bind_forward(module, region, inner, entry=path == ""))
             handle.regions[path] = name
     except BaseException:
         handle.remove()

@@ -20,6 +20,7 @@ import pytest
 
 import cudatimer
 from cudatimer import _core, _core_py, _device
+from cudatimer._hist import _INV_LOG_GAMMA
 from tests.fake_cuda import FakeEvent, FakeGPU
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,10 +40,21 @@ CORES = [pytest.param(_core_py, id="python")] + (
 needs_c = pytest.mark.skipif(C_CORE is None, reason="the C core was not built here")
 
 
+def _configure(core: ModuleType) -> None:
+    """The constants ``_device`` hands the chosen core, handed to ``core``."""
+    core.configure(
+        inv_log_gamma=_INV_LOG_GAMMA,
+        harvest_batch=_device.HARVEST_BATCH,
+        anchor_hop_ms=_device.ANCHOR_HOP_MS,
+        prewarm=_device.PREWARM_EVENTS,
+    )
+
+
 class _Bench:
     """One core wired to a fake GPU for the length of a test (its module state restored)."""
 
     def __init__(self, core: ModuleType) -> None:
+        _configure(core)
         self.core = core
         self.gpu = FakeGPU()
         self.names: dict[tuple[int, str], int] = {}
@@ -96,7 +108,7 @@ def bench(request: pytest.FixtureRequest) -> Iterator[_Bench]:
         core.forget_streams()
         core.set_usable(False)
         core.set_stream_getter(None, False)
-        _device.configure_core()
+        _configure(core)
         if core is _core:  # the chosen core: give it back to the device seam as it was
             _device.use(_device.use(None))
 
