@@ -5,6 +5,7 @@ the core that this process did not choose (a subprocess with the other setting).
 from __future__ import annotations
 
 import importlib
+import io
 import math
 import os
 import re
@@ -389,3 +390,29 @@ def test_whole_suite_on_the_other_core() -> None:
     assert done.returncode == 0, tail
     passed = re.search(r"(\d+) passed", done.stdout)
     assert passed is not None and int(passed.group(1)) > 400, tail
+
+
+def test_another_boundary_source_feeds_the_same_records() -> None:
+    """A source other than events and the host clock (a marker op, a device timestamp) only
+    calls ``Store.record``: its samples reach the summary, windows, step records and trace."""
+    t = cudatimer.Timer(name="source")
+    store, tree = t.recorder.store, t.recorder.tree
+    outer = tree.child(-1, "replay")
+    inner = tree.child(outer, "attn")
+    for step in range(3):
+        base = 10**9 + step * 10**7
+        store.record(outer, store.gen, 0, 4.0, 0.1, store.step, base, 1, base + 5e5, 7, False)
+        store.record(inner, store.gen, 0, 1.5, 0.05, store.step, base, 1, base + 6e5, 7, False)
+        t.step()
+    s = t.summary(warmup=1, step_stats=True, trace=True)
+    assert s.names == ("replay", "replay/attn")
+    assert s["replay/attn"].clock == "cuda:0" and s["replay/attn"].depth == 1
+    assert s["replay/attn"].calls == 2 and s["replay/attn"].gpu_total_ms == pytest.approx(3.0)
+    assert [(x.step, x.name, x.gpu_ms) for x in s.step_stats][:2] == [
+        (1, "replay", 4.0),
+        (1, "replay/attn", 1.5),
+    ]
+    spans = [x for x in s.trace if x.name == "replay/attn"]
+    assert [x.stream for x in spans] == [7, 7]
+    assert spans[1].gpu_start_ms - spans[0].gpu_start_ms == pytest.approx(10.0)
+    assert "+- attn" in t.report(view="tree", file=io.StringIO())
