@@ -27,7 +27,8 @@ def env_flag(name: str, *, default: bool) -> bool:
 #: function unchanged and ``cuda_region`` returns a shared null context.
 DISABLED_AT_IMPORT: bool = env_flag("CUDATIMER_DISABLE", default=False)
 
-#: ``CUDATIMER_PURE_PYTHON=1`` keeps the compiled hot path (``cudatimer._speedups``) unused even
-#: where it was built: every event goes through torch's own ``record``/``elapsed_time``. For
-#: debugging and for measuring what the compiled path saves.
+#: ``CUDATIMER_PURE_PYTHON=1`` runs the recorder's pure-Python core (``_core_py``) even where
+#: the C core (``cudatimer._speedups``) was built: every event goes through torch's own
+#: ``record``/``elapsed_time``. Read once, when ``_core`` picks the core. For debugging and for
+#: measuring what the C core saves.
 PURE_PYTHON: bool = env_flag("CUDATIMER_PURE_PYTHON", default=False)
