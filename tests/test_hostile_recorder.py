@@ -1,0 +1,89 @@
+"""The recorder under a hostile program: fork while other threads record, reset() inside open
+regions. Run on the chosen core here and on the other one by the nested suite run."""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+
+import pytest
+
+import cudatimer
+from tests.subproc import run_python
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_fork_while_threads_record_never_deadlocks_the_child() -> None:
+    """20 children forked while two threads record each open a region and exit in time."""
+    code = """
+        import os, threading, time, warnings
+        import cudatimer
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork in a threaded process
+        stop = False
+        def record():
+            while not stop:
+                with cudatimer.cuda_region("bg"):
+                    pass
+        for _ in range(2):
+            threading.Thread(target=record, daemon=True).start()
+        time.sleep(0.1)
+        hung = bad = 0
+        for _ in range(20):
+            pid = os.fork()
+            if pid == 0:
+                with cudatimer.cuda_region("child"):
+                    pass
+                os._exit(0 if cudatimer.summary(timeout_s=1.0)["child"].calls == 1 else 3)
+            deadline = time.monotonic() + 10
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    bad += os.waitstatus_to_exitcode(status) != 0
+                    break
+                if time.monotonic() > deadline:
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0)
+                    hung += 1
+                    break
+                time.sleep(0.005)
+        stop = True
+        print("hung", hung, "bad", bad)
+    """
+    done = run_python(code, {})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["hung", "0", "bad", "0"], done.stdout + done.stderr
+
+
+def test_reset_inside_an_open_region_keeps_what_opens_after_it() -> None:
+    """Regions opened after a reset() inside an open region are in every view alike."""
+    with cudatimer.cuda_region("a"):
+        cudatimer.reset()
+        with cudatimer.cuda_region("b"):
+            pass
+    s = cudatimer.summary(step_stats=True, trace=True)
+    assert s.names == ("a/b",) and s["a/b"].calls == 1  # "a" began before the reset
+    assert [x.name for x in s.step_stats] == ["a/b"]
+    assert [x.name for x in s.trace] == ["a/b"]
+    assert "a/b" in cudatimer.report(file=io.StringIO())
+
+
+def test_reset_from_another_thread_keeps_regions_opened_after_it() -> None:
+    """A reset() on another thread while a region is open: what opens after it is recorded."""
+    reset_done = threading.Event()
+
+    def reset() -> None:
+        cudatimer.reset()
+        reset_done.set()
+
+    with cudatimer.cuda_region("outer"):
+        thread = threading.Thread(target=reset)
+        thread.start()
+        assert reset_done.wait(10)
+        thread.join()
+        for _ in range(3):
+            with cudatimer.cuda_region("inner"):
+                pass
+    s = cudatimer.summary(step_stats=True)
+    assert s.names == ("outer/inner",) and s["outer/inner"].calls == 3
+    assert sum(x.calls for x in s.step_stats) == 3
