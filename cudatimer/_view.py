@@ -39,12 +39,22 @@ class Tree:
         return slot
 
     def path(self, slot: int) -> str:
+        """``outer/inner`` of a slot, built when first asked (reports), never on the hot path;
+        iterative, so a region nested thousands deep never meets the recursion limit."""
         path = self.paths.get(slot)
-        if path is None:
-            name, parent, _ = self.info[slot]
-            path = name if parent < 0 else f"{self.path(parent)}/{name}"
-            self.paths[slot] = path
-        return path
+        if path is not None:
+            return path
+        chain = []
+        at = slot
+        while at >= 0 and at not in self.paths:
+            chain.append(at)
+            at = self.info[at][1]
+        prefix = self.paths[at] if at >= 0 else None
+        for s in reversed(chain):
+            name = self.info[s][0]
+            prefix = name if prefix is None else f"{prefix}/{name}"
+            self.paths[s] = prefix
+        return self.paths[slot]
 
     def depth(self, slot: int) -> int:
         return self.info[slot][2]

@@ -87,3 +87,23 @@ def test_reset_from_another_thread_keeps_regions_opened_after_it() -> None:
     s = cudatimer.summary(step_stats=True)
     assert s.names == ("outer/inner",) and s["outer/inner"].calls == 3
     assert sum(x.calls for x in s.step_stats) == 3
+
+
+def test_summary_of_a_deep_recursion_needs_no_deep_stack() -> None:
+    """Paths of regions nested 1500 deep are built without recursion (default limit)."""
+    import sys
+
+    def recurse(n: int) -> None:
+        with cudatimer.cuda_region("r"):
+            if n:
+                recurse(n - 1)
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 5000))
+    try:
+        recurse(1499)
+    finally:
+        sys.setrecursionlimit(limit)
+    s = cudatimer.summary()
+    assert len(s.regions) == 1500 and s.regions[-1].depth == 1499
+    assert s.regions[-1].name == "/".join(["r"] * 1500)
