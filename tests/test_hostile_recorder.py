@@ -8,6 +8,7 @@ import os
 import threading
 
 import pytest
+import torch
 
 import cudatimer
 from tests.subproc import run_python
@@ -107,3 +108,17 @@ def test_summary_of_a_deep_recursion_needs_no_deep_stack() -> None:
     s = cudatimer.summary()
     assert len(s.regions) == 1500 and s.regions[-1].depth == 1499
     assert s.regions[-1].name == "/".join(["r"] * 1500)
+
+
+def _double(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def test_torch_jit_script_of_a_timed_function_is_refused_with_what_to_do() -> None:
+    """Scripting a timed function would time nothing: refused; scripted first, it is timed."""
+    timed = cudatimer.cuda_timed(_double)
+    with pytest.raises(RuntimeError, match=r"Script first and time the result"):
+        torch.jit.script(timed)
+    scripted = cudatimer.cuda_timed(torch.jit.script(_double), name="scripted")
+    assert torch.equal(scripted(torch.ones(2)), torch.full((2,), 2.0))
+    assert cudatimer.summary()["scripted"].calls == 1
