@@ -27,6 +27,7 @@ SKIP: Final[int]  # entered while its stream captured a CUDA graph: host time, c
 OFF: Final[int]  # the Timer was off at enter: the exit pops the frame, nothing else
 NVTX: Final[int]  # mode="nvtx": the exit pops the NVTX range only
 UNTIMED: Final[int]  # every=N, a call not sampled: the exit counts it on clock ``dev``
+ORPHAN: Final[int]  # closed on another thread (Store.orphan): its own thread drops it
 
 def configure(
     *, inv_log_gamma: float, harvest_batch: int, anchor_hop_ms: float, prewarm: int
@@ -229,6 +230,10 @@ class Store:
         skipped: bool,
     ) -> None: ...
     def count(self, slot: int, gen: int, dev: int) -> None: ...
+    def orphan(self, region: Any) -> bool:
+        """Mark the innermost frame of ``region`` on another thread's stack ORPHAN (a call
+        closed elsewhere: a generator collected on another thread); False if none."""
+
     def snapshot(self, series: bool = False, trace: bool = False) -> Snapshot: ...
     def pending(self) -> int: ...
 
@@ -242,8 +247,9 @@ class RegionBase:
         attrs: Any,
         pop: Callable[[], Any] | None,
         enter: Callable[[Any], None],
-        exit: Callable[[Any, bool], None],
-    ) -> None: ...
+        exit: Callable[[Any, Any], None],
+    ) -> None:
+        """``exit(region, exc_type)``: the general hook, with the block's exception type."""
     def __enter__(self) -> Any: ...
     def __exit__(
         self,

@@ -20,6 +20,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from array import array
 from collections import deque
 from collections.abc import Callable
@@ -39,6 +40,7 @@ SKIP = 2  # entered while the stream captured a CUDA graph: host time, counted a
 OFF = 3  # the Timer was off at enter: exit pops the frame and nothing else
 NVTX = 4  # mode="nvtx": exit pops the NVTX range only
 UNTIMED = 5  # every=N, a call not sampled: exit counts it on clock ``dev``
+ORPHAN = 6  # closed on another thread (Store.orphan): its own thread drops it when it next can
 
 # Set by ``configure`` from the one place that defines them (``_device``); see there.
 _INV_LOG_GAMMA = 0.0  # the C implementation's bucket rule; HistBuilder has its own here
@@ -158,7 +160,7 @@ class Frame:
 class Stack(list):  # type: ignore[type-arg]
     """A thread's open regions, innermost last; ``tid`` is the owning thread's id."""
 
-    __slots__ = ("tid",)
+    __slots__ = ("__weakref__", "tid")
 
     def __init__(self) -> None:
         super().__init__()
@@ -190,8 +192,11 @@ class Stack(list):  # type: ignore[type-arg]
 
 
 class _Local(threading.local):
-    def __init__(self) -> None:
+    def __init__(self, stacks: list[weakref.ref[Stack]]) -> None:
         self.stack = Stack()
+        # The store finds every thread's stack (orphan()); gone threads' refs are dropped.
+        stacks[:] = [ref for ref in stacks if ref() is not None]
+        stacks.append(weakref.ref(self.stack))
 
 
 # -- samples and stream records -----------------------------------------------------------------
@@ -639,7 +644,8 @@ class Store:
         self.trace_samples = trace_samples
         self.step_cap = step_cap
         self.child = child
-        self._local = _Local()
+        self._stacks: list[weakref.ref[Stack]] = []
+        self._local = _Local(self._stacks)
         self._stats: dict[tuple[int, int], _Acc] = {}
         self._steps: dict[int, _StepRec] = {}  # insertion order: oldest first
         # Plain tuples in TraceItem's field order (a NamedTuple built per sample cost ~0.6 us
@@ -793,6 +799,24 @@ class Store:
             items = [TraceItem._make(t) for t in self._trace] if trace else []
         return Snapshot(stats, kept, dropped, rows, items)
 
+    def orphan(self, region: Any) -> bool:
+        """Mark the innermost frame of ``region`` on another thread's stack ORPHAN: its call
+        was closed elsewhere (a generator suspended inside a region, closed by the garbage
+        collector on another thread). The owning thread drops it, NVTX pop included, the next
+        time a region of this store enters or exits there. False when no other thread has one.
+        """
+        mine = self.stack()
+        for ref in list(self._stacks):
+            stack = ref()
+            if stack is None or stack is mine:
+                continue
+            for frame in reversed(list(stack)):
+                if frame.region is region and frame.kind != ORPHAN:
+                    frame.dev = frame.kind  # the kind it had: an OFF frame pushed no NVTX
+                    frame.kind = ORPHAN
+                    return True
+        return False
+
     def pending(self) -> int:
         """This store's samples still waiting for the GPU."""
         return sum(
@@ -828,9 +852,10 @@ class RegionBase:
         attrs: Any,
         pop: Callable[[], Any] | None,
         enter: Callable[[Any], None],
-        exit: Callable[[Any, bool], None],
+        exit: Callable[[Any, Any], None],
     ) -> None:
-        """Set what the hooks read (``Region.__init__`` calls it once)."""
+        """Set what the hooks read (``Region.__init__`` calls it once); ``exit(region,
+        exc_type)`` gets the exception type of the block (None: it ended cleanly)."""
         self._store = store
         self._fast = fast
         self._rname = name
@@ -853,7 +878,14 @@ class RegionBase:
             self._enter_hook(self)
             return self
         stack = store._local.stack
-        parent = stack[-1].slot if stack else -1
+        if stack:
+            top = stack[-1]
+            if top.kind == ORPHAN:  # closed on another thread: the general hook drops it
+                self._enter_hook(self)
+                return self
+            parent = top.slot
+        else:
+            parent = -1
         if parent == self._cparent:
             slot = self._cslot
         else:
@@ -908,7 +940,7 @@ class RegionBase:
                     if self._pop is not None:
                         self._pop()
                 return
-        self._exit_hook(self, exc_type is None)
+        self._exit_hook(self, exc_type)
 
 
 class NullRegion:

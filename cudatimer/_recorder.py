@@ -45,13 +45,14 @@ class Region(Protocol):
 
 _NAN = math.nan
 _now = _core.now_ns
-_TIMED, _HOST, _SKIP, _OFF, _NVTX, _UNTIMED = (
+_TIMED, _HOST, _SKIP, _OFF, _NVTX, _UNTIMED, _ORPHAN = (
     _core.TIMED,
     _core.HOST,
     _core.SKIP,
     _core.OFF,
     _core.NVTX,
     _core.UNTIMED,
+    _core.ORPHAN,
 )
 # Dynamo folds it to True while it traces: a region reached inside traced code does nothing
 # (Dynamo would trace into thread-locals and event objects and crash or lose them; torch 2.11).
@@ -111,7 +112,7 @@ class Recorder:
             return
         store = self.store
         stack = store.stack()
-        top = stack.top()
+        top = _live_top(stack)
         slot = self.tree.child(top.slot if top is not None else -1, r.name)
         gen = store.gen
         if not store.enabled:
@@ -146,7 +147,7 @@ class Recorder:
             return
         store = self.store
         stack = store.stack()
-        top = stack.top()
+        top = _live_top(stack)
         slot = self.tree.child(top.slot if top is not None else -1, r.name)
         if not store.enabled:
             stack.push(_core.Frame(r, slot, store.gen, _OFF))
@@ -157,12 +158,23 @@ class Recorder:
             r.domain.push(r.attrs)
         stack.push(_core.Frame(r, slot, store.gen, _UNTIMED, dev=dev))
 
-    def exit(self, r: Region, clean: bool) -> None:
+    def exit_block(self, r: Region, exc_type: type[BaseException] | None) -> None:
+        """The core's general exit hook: ``exit`` with the block's exception type."""
+        self.exit(r, exc_type is None, exc_type)
+
+    def exit(self, r: Region, clean: bool, exc_type: type[BaseException] | None = None) -> None:
         if _is_compiling():
             return
         t1 = _now()
         stack = self.store.stack()
-        top = stack.top()
+        top = _live_top(stack)
+        if top is None or (top.region is not r and not _has_frame(stack, r)):
+            # A generator suspended inside the region and closed on another thread (the
+            # garbage collector's): GeneratorExit arrives here. The frame's own thread drops
+            # it (and pops its NVTX range) the next time it enters or exits a region.
+            if exc_type is not None and issubclass(exc_type, GeneratorExit):
+                if self.store.orphan(r):
+                    return
         if top is None:
             raise RuntimeError(
                 f"cudatimer: region {r.name!r} exited on a thread where no region is open "
@@ -406,6 +418,24 @@ class Recorder:
                 )
             )
         return tuple(rows)
+
+
+def _live_top(stack: Any) -> Any:
+    """The innermost frame after dropping the frames other threads closed (ORPHAN): their
+    events go back to the pool and their NVTX ranges are popped here, on their own thread."""
+    top = stack.top()
+    while top is not None and top.kind == _ORPHAN:
+        f = stack.pop()
+        if f.rec is not None and f.start is not None:
+            f.rec.give(f.start)
+        if f.region.nvtx and f.range_id is None and f.dev != _OFF:  # dev: its kind before
+            f.region.domain.pop()
+        top = stack.top()
+    return top
+
+
+def _has_frame(stack: Any, r: Region) -> bool:
+    return any(f.region is r for f in stack.frames())
 
 
 def _warn(r: Region, bit: int, message: str) -> None:

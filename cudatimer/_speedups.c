@@ -188,7 +188,7 @@ event_handle(PyObject *event)
  * Settings (configure, set_stream_getter, set_usable) and small helpers
  * ====================================================================================== */
 
-enum { K_TIMED = 0, K_HOST = 1, K_SKIP = 2, K_OFF = 3, K_NVTX = 4, K_UNTIMED = 5 };
+enum { K_TIMED = 0, K_HOST = 1, K_SKIP = 2, K_OFF = 3, K_NVTX = 4, K_UNTIMED = 5, K_ORPHAN = 6 };
 
 #define MAX_DEVICES 64 /* default-stream records the hot path indexes by device */
 
@@ -380,6 +380,7 @@ typedef struct {
     Entry *e;
     Py_ssize_t n, cap;
     unsigned long tid;
+    PyObject *weakrefs; /* its store keeps a weak reference, to find frames orphaned by it */
 } StackObj;
 
 struct StoreObj;
@@ -462,6 +463,7 @@ typedef struct StoreObj {
     uint64_t step_serial;
     TItem *trace; /* ring of the last trace_samples items */
     Py_ssize_t tfirst, ntrace, tcap;
+    PyObject *stacks; /* weak references to every thread's Stack of this store (orphan()) */
 } StoreObj;
 
 typedef struct {
@@ -894,6 +896,7 @@ stack_make(void)
     st->e = NULL;
     st->n = st->cap = 0;
     st->tid = PyThread_get_thread_ident();
+    st->weakrefs = NULL;
     PyObject_GC_Track(st);
     return st;
 }
@@ -947,6 +950,9 @@ static void
 stack_dealloc(StackObj *st)
 {
     PyObject_GC_UnTrack(st);
+    if (st->weakrefs != NULL) {
+        PyObject_ClearWeakRefs((PyObject *)st);
+    }
     stack_clear(st);
     PyMem_Free(st->e);
     Py_TYPE(st)->tp_free((PyObject *)st);
@@ -1108,6 +1114,7 @@ static PyTypeObject StackType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cudatimer._speedups.Stack",
     .tp_doc = PyDoc_STR("A thread's open regions of one store, innermost last."),
     .tp_basicsize = sizeof(StackObj),
+    .tp_weaklistoffset = offsetof(StackObj, weakrefs),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = stack_new,
     .tp_dealloc = (destructor)stack_dealloc,
@@ -2010,6 +2017,37 @@ static _Thread_local struct {
 } tls_stacks[TLS_WAYS];
 static _Thread_local unsigned tls_next;
 
+/* Remember a new Stack of s (weakly), dropping the references of stacks that are gone. */
+static int
+store_note_stack(StoreObj *s, PyObject *st)
+{
+    if (s->stacks == NULL && (s->stacks = PyList_New(0)) == NULL) {
+        return -1;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(s->stacks);
+    if (n >= 8 && (n & (n - 1)) == 0) { /* at each power of two: compact */
+        PyObject *live = PyList_New(0);
+        if (live == NULL) {
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *ref = PyList_GET_ITEM(s->stacks, i);
+            if (PyWeakref_GetObject(ref) != Py_None && PyList_Append(live, ref) < 0) {
+                Py_DECREF(live);
+                return -1;
+            }
+        }
+        Py_SETREF(s->stacks, live);
+    }
+    PyObject *ref = PyWeakref_NewRef(st, NULL);
+    if (ref == NULL) {
+        return -1;
+    }
+    int rc = PyList_Append(s->stacks, ref);
+    Py_DECREF(ref);
+    return rc;
+}
+
 /* Borrowed (the cache holds it); NULL with an exception. */
 static StackObj *
 store_stack(StoreObj *s)
@@ -2038,6 +2076,9 @@ store_stack(StoreObj *s)
             return NULL;
         }
         int rc = PyDict_SetItem(d, s->serial_key, st);
+        if (rc == 0) {
+            rc = store_note_stack(s, st);
+        }
         Py_DECREF(st);
         if (rc < 0) {
             return NULL;
@@ -2055,6 +2096,7 @@ static int
 store_traverse(StoreObj *s, visitproc visit, void *arg)
 {
     Py_VISIT(s->child);
+    Py_VISIT(s->stacks);
     return 0;
 }
 
@@ -2062,6 +2104,7 @@ static int
 store_clear(StoreObj *s)
 {
     Py_CLEAR(s->child);
+    Py_CLEAR(s->stacks);
     return 0;
 }
 
@@ -2089,6 +2132,40 @@ store_dealloc(StoreObj *s)
     store_forget(s);
     PyErr_Restore(et, ev, tb);
     Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+PyDoc_STRVAR(store_orphan_doc,
+"orphan(region) -> bool\n\n"
+"Mark the innermost frame of region on another thread's stack of this store ORPHAN (its\n"
+"kind before that kept in dev): its\n"
+"call was closed elsewhere (a generator suspended inside a region, closed by the garbage\n"
+"collector on another thread). The owning thread drops it, NVTX pop included, the next time\n"
+"a region of this store enters or exits there. False when no other thread has one.");
+
+static PyObject *
+store_orphan_m(StoreObj *s, PyObject *region)
+{
+    StackObj *mine = store_stack(s);
+    if (mine == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = s->stacks != NULL ? PyList_GET_SIZE(s->stacks) : 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *st = PyWeakref_GetObject(PyList_GET_ITEM(s->stacks, i)); /* borrowed */
+        if (st == Py_None || st == (PyObject *)mine || !Py_IS_TYPE(st, &StackType)) {
+            continue;
+        }
+        StackObj *other = (StackObj *)st;
+        for (Py_ssize_t k = other->n - 1; k >= 0; k--) {
+            CFrame *f = ent_frame(&other->e[k]);
+            if (f->region == region && f->kind != K_ORPHAN) {
+                f->dev = f->kind; /* the kind it had: an OFF frame pushed no NVTX range */
+                f->kind = K_ORPHAN; /* no Python code ran since the lookup: still in place */
+                Py_RETURN_TRUE;
+            }
+        }
+    }
+    Py_RETURN_FALSE;
 }
 
 static PyObject *
@@ -2360,6 +2437,7 @@ static PyMethodDef store_methods[] = {
      "snapshot(series=False, trace=False) -> Snapshot: a copy; changes nothing."},
     {"pending", (PyCFunction)store_pending_m, METH_NOARGS,
      "This store's samples still waiting for the GPU."},
+    {"orphan", (PyCFunction)store_orphan_m, METH_O, store_orphan_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2481,7 +2559,17 @@ region_enter(RegionObj *r, PyObject *unused)
         goto fail;
     }
     Py_INCREF(st);
-    int64_t parent = st->n ? ent_frame(&st->e[st->n - 1])->slot : -1;
+    int64_t parent = -1;
+    if (st->n) {
+        CFrame *top = ent_frame(&st->e[st->n - 1]);
+        if (top->kind == K_ORPHAN) { /* closed on another thread: the general hook drops it */
+            Py_DECREF(st);
+            Py_DECREF(rec);
+            Py_DECREF(store);
+            goto slow;
+        }
+        parent = top->slot;
+    }
     if (parent != r->c_parent) {
         /* The cache missed (first call, or another parent): the store's child names it. */
         if (store->child == NULL) {
@@ -2636,8 +2724,7 @@ region_exit(RegionObj *r, PyObject *const *args, Py_ssize_t nargs)
     }
     /* A stream or device switch inside the region, another kind of frame, the fast path off:
      * the general hook. */
-    PyObject *res = PyObject_CallFunctionObjArgs(r->exit, (PyObject *)r,
-                                                 args[0] == Py_None ? Py_True : Py_False, NULL);
+    PyObject *res = PyObject_CallFunctionObjArgs(r->exit, (PyObject *)r, args[0], NULL);
     if (res == NULL) {
         return NULL;
     }
@@ -2649,7 +2736,7 @@ PyDoc_STRVAR(region_bind_doc,
 "bind(store, fast, name, push, attrs, pop, enter, exit)\n\n"
 "Set what the hooks read (Region.__init__ calls it once): the Timer's Store, whether this\n"
 "region may take the common case, its name, NVTX push(attrs) and pop() (None when off), and\n"
-"the general hooks enter(region) and exit(region, clean).");
+"the general hooks enter(region) and exit(region, exc_type).");
 
 static PyObject *
 region_bind(RegionObj *r, PyObject *args, PyObject *kwds)
@@ -3230,7 +3317,8 @@ PyInit__speedups(void)
         const char *name;
         long value;
     } kinds[] = {{"TIMED", K_TIMED}, {"HOST", K_HOST},   {"SKIP", K_SKIP},
-                 {"OFF", K_OFF},     {"NVTX", K_NVTX},   {"UNTIMED", K_UNTIMED}};
+                 {"OFF", K_OFF},     {"NVTX", K_NVTX},   {"UNTIMED", K_UNTIMED},
+                 {"ORPHAN", K_ORPHAN}};
     for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
         if (PyModule_AddIntConstant(m, kinds[i].name, kinds[i].value) < 0) {
             Py_DECREF(m);

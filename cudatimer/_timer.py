@@ -177,7 +177,7 @@ class Region(_core.RegionBase):
             self.attrs,
             self.domain.pop if self.nvtx else None,
             rec.enter,
-            rec.exit,
+            rec.exit_block,
         )
 
     def __call__(self, fn: F) -> F:

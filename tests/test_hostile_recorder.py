@@ -122,3 +122,50 @@ def test_torch_jit_script_of_a_timed_function_is_refused_with_what_to_do() -> No
     scripted = cudatimer.cuda_timed(torch.jit.script(_double), name="scripted")
     assert torch.equal(scripted(torch.ones(2)), torch.full((2,), 2.0))
     assert cudatimer.summary()["scripted"].calls == 1
+
+
+_GENERATOR_ON_ANOTHER_THREAD = """
+    import gc, sys, threading
+    import cudatimer
+
+    def suspended():
+        with cudatimer.cuda_region("held"):
+            yield 1
+            yield 2
+
+    g = suspended()
+    next(g)  # suspended inside "held" on the main thread
+    errors = []
+
+    def collect():
+        global g
+        sys.unraisablehook = lambda u: errors.append(repr(u.exc_value))
+        del g  # closed here: GeneratorExit runs the region's exit on this thread
+        gc.collect()
+
+    worker = threading.Thread(target=collect)
+    worker.start()
+    worker.join()
+    assert errors == [], errors
+    with cudatimer.cuda_region("probe"):
+        pass
+    s = cudatimer.summary()
+    assert s.names == ("probe",) and s.open == 0, (s.names, s.open)
+"""
+
+
+def test_generator_holding_a_region_collected_on_another_thread() -> None:
+    """Its region closes without an error; both threads' stacks and NVTX ranges stay right."""
+    done = run_python(_GENERATOR_ON_ANOTHER_THREAD, {})
+    assert done.returncode == 0, done.stderr
+
+
+def test_generator_on_another_thread_keeps_nvtx_balanced() -> None:
+    """With an NVTX tool attached, every range pushed is popped on the thread that pushed it."""
+    from tests.nvtx_harness import HarnessUnavailable, run_with_injection, trace
+
+    try:
+        records = run_with_injection(_GENERATOR_ON_ANOTHER_THREAD)  # checks the balance
+    except HarnessUnavailable as exc:
+        pytest.skip(str(exc))
+    assert trace(records) == ["+held", "-held", "+probe", "-probe"]
