@@ -416,3 +416,23 @@ def test_another_boundary_source_feeds_the_same_records() -> None:
     assert [x.stream for x in spans] == [7, 7]
     assert spans[1].gpu_start_ms - spans[0].gpu_start_ms == pytest.approx(10.0)
     assert "+- attn" in t.report(view="tree", file=io.StringIO())
+
+
+def test_orphan_marks_another_threads_frame(bench: _Bench) -> None:
+    """orphan() marks the innermost frame of a region on another thread, never its own."""
+    core = bench.core
+    store = core.Store(0, 0, 1, bench.child)
+    region = object()
+    store.stack().push(core.Frame(region, 0, 0, core.HOST, t0_ns=1))
+    assert store.orphan(region) is False  # this thread's own frame is not an orphan
+    got: list[bool] = []
+    thread = threading.Thread(target=lambda: got.append(store.orphan(region)))
+    thread.start()
+    thread.join()
+    top = store.stack().top()
+    assert got == [True] and (top.kind, top.dev) == (core.ORPHAN, core.HOST)
+    thread = threading.Thread(target=lambda: got.append(store.orphan(region)))
+    thread.start()
+    thread.join()
+    assert got == [True, False]  # already an orphan: nothing more to mark
+    store.stack().clear()
