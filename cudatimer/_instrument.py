@@ -41,6 +41,17 @@ _MAX_TENSORS = 64
 
 Pattern = str | type
 
+# "/" separates nesting levels in region paths, and torch allows it in a child's name
+# (add_module("a/b", m)): such a part is named with U+2215 DIVISION SLASH instead, which looks
+# the same and cannot collide with a "." path of containers.
+_SLASH = "\u2215"
+
+
+def _part(name: str) -> str:
+    """A module name (a path part) as a region name may hold it: "/" as U+2215, characters
+    without a UTF-8 form (lone surrogates) as backslash escapes."""
+    return name.replace("/", _SLASH).encode("utf-8", "backslashreplace").decode("utf-8")
+
 
 class Instrumented:
     """What :func:`instrument` returns: ``remove()`` takes every wrapper away (backward hooks
@@ -144,7 +155,11 @@ def instrument(
     Regions nest as the modules call each other, and each is named by its module path relative
     to the nearest instrumented module above it, so a region's path in the report is its module
     path: ``GPT/transformer/h.0/attn`` (``.`` joins the parts inside containers such as
-    ModuleList, which have no forward; the model itself is named by its class).
+    ModuleList, which have no forward; the model itself is named by its class). A "/" in a
+    module's name (``add_module("a/b", m)``) becomes "\u2215" (DIVISION SLASH, as "/" separates
+    nesting levels), a lone surrogate a backslash escape, and a name of only spaces is shown
+    quoted (``' '``); ``include``/``exclude`` and ``Instrumented.regions``' keys use torch's
+    own paths.
 
     ``depth``: how many levels below the model (None: all; 0: the model only; containers do not
     count as levels). ``include`` / ``exclude``: globs on dotted module paths (``"h.*.attn"``;
@@ -187,11 +202,16 @@ def instrument(
             "that handle first"
         )
 
-    root_name = type(model).__name__.replace("/", ".")
-    chosen: list[tuple[str, str, torch.nn.Module]] = []  # (path, region name, module)
+    root_name = _part(type(model).__name__)
+    # (torch's module path, its path with region-safe parts, region name, module)
+    chosen: list[tuple[str, str, str, torch.nn.Module]] = []
     seen: set[int] = set()
 
-    def walk(module: torch.nn.Module, path: str, level: int, anchor: str | None) -> None:
+    def walk(
+        module: torch.nn.Module, path: str, label: str, level: int, anchor: str | None
+    ) -> None:
+        # path: torch's dotted path (for globs); label: the same with region-safe parts;
+        # anchor: the label of the nearest instrumented module above (None: none yet).
         if id(module) in seen or isinstance(module, torch.jit.ScriptModule):
             return
         seen.add(id(module))
@@ -202,20 +222,29 @@ def instrument(
             )
             if picked:
                 if anchor is None:
-                    name = path or root_name
+                    name = label or root_name
                 elif anchor == "":
-                    name = path
+                    name = label
                 else:
-                    name = path[len(anchor) + 1 :]
-                chosen.append((path, name, module))
-                anchor = path
+                    name = label[len(anchor) + 1 :]
+                if not name.strip():  # a child named " ": shown quoted, as a name must show
+                    name = repr(name)
+                chosen.append((path, label, name, module))
+                anchor = label
         next_level = level + 1 if callable_ else level
         if depth is not None and next_level > depth:
             return
         for child_name, child in module.named_children():
-            walk(child, f"{path}.{child_name}" if path else child_name, next_level, anchor)
+            part = _part(child_name)
+            walk(
+                child,
+                f"{path}.{child_name}" if path else child_name,
+                f"{label}.{part}" if label else part,
+                next_level,
+                anchor,
+            )
 
-    walk(model, "", 0, None)
+    walk(model, "", "", 0, None)
     if not chosen:
         raise ValueError(
             f"instrument() found no module to time in {type(model).__name__} "
@@ -224,11 +253,11 @@ def instrument(
 
     handle = Instrumented(model, timer)
     try:
-        for path, name, module in chosen:
+        for path, safe, name, module in chosen:
             region = timer.region(name)
             inner = None
             if backward:
-                label = f"{path or root_name}.backward"
+                label = f"{safe or root_name}.backward"
                 inner = _backward_hooks(timer.region(label))
                 handle.backward_regions[path] = label
             # Only the model itself may be compiled as a whole (torch.compile(model)); its

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ._view import View
 
 __all__ = [
+    "MAX_LISTED_STEPS",
     "STEP_SAMPLE_CAP",
     "Window",
     "select",
@@ -34,19 +35,27 @@ __all__ = [
 STEP_SAMPLE_CAP = 65536
 
 
+# The most step numbers steps= may list (a list, tuple or set). A report checks each one, so
+# this bounds the time a summary spends on its arguments (10^6 ints: about 0.1 s); a range of
+# any length is taken arithmetically and needs no such bound.
+MAX_LISTED_STEPS = 1_000_000
+
+
 @dataclass(frozen=True)
 class Window:
-    """The steps a summary covers: a ``range`` or a set of step numbers."""
+    """The steps a summary covers: a ``range`` or a set of step numbers, less ``excluded``
+    (steps of ``steps`` whose raw samples were dropped; never materialises a range)."""
 
     steps: range | frozenset[int]
     label: str
     note: str = ""
+    excluded: frozenset[int] = frozenset()
 
     def __contains__(self, step: object) -> bool:
-        return step in self.steps
+        return step in self.steps and step not in self.excluded
 
     def __len__(self) -> int:
-        return len(self.steps)
+        return len(self.steps) - len(self.excluded)  # excluded is a subset of steps
 
 
 def _check_count(name: str, value: object) -> int:
@@ -57,16 +66,57 @@ def _check_count(name: str, value: object) -> int:
     return value
 
 
-def _label(steps: range | frozenset[int]) -> str:
-    if len(steps) == 0:
+def _clip(steps: range, low: int, high: int) -> range:
+    """The steps of an ascending range with ``low <= step < high``, as a range (O(1))."""
+    first = steps.start
+    if first < low:
+        first += -(-(low - first) // steps.step) * steps.step  # the first one >= low
+    return range(first, max(first, min(steps.stop, high)), steps.step)
+
+
+def _members(steps: range | frozenset[int], excluded: frozenset[int], most: int) -> list[int]:
+    """The lowest ``most`` steps of a window, in order; reads at most most + len(excluded)
+    steps of a range."""
+    if isinstance(steps, frozenset):
+        return sorted(s for s in steps if s not in excluded)[:most]
+    out: list[int] = []
+    for s in steps[: most + len(excluded)]:
+        if s not in excluded:
+            out.append(s)
+            if len(out) == most:
+                break
+    return out
+
+
+def _label(steps: range | frozenset[int], excluded: frozenset[int] = frozenset()) -> str:
+    count = len(steps) - len(excluded)
+    if count <= 0:
         return "no steps"
-    if isinstance(steps, range) and steps.step == 1:
+    if isinstance(steps, range) and steps.step == 1 and not excluded:
         first, last = steps[0], steps[-1]
         return f"step {first}" if first == last else f"steps {first}-{last}"
-    ordered = sorted(steps)
-    shown = ", ".join(str(s) for s in ordered[:8])
-    more = f", ... ({len(ordered)} steps)" if len(ordered) > 8 else ""
-    return f"step {shown}" if len(ordered) == 1 else f"steps {shown}{more}"
+    shown = ", ".join(str(s) for s in _members(steps, excluded, 8))
+    more = f", ... ({count} steps)" if count > 8 else ""
+    return f"step {shown}" if count == 1 else f"steps {shown}{more}"
+
+
+def _listed(steps: object) -> frozenset[int]:
+    """``steps=`` given as step numbers: a list, tuple, set or frozenset of at most
+    MAX_LISTED_STEPS ints. Iterators and generators are refused: one may never end, and a
+    report reads its arguments twice (once to check them before waiting for the GPU)."""
+    if not isinstance(steps, (list, tuple, set, frozenset)):
+        what = type(steps).__name__
+        raise TypeError(
+            f"steps must be a range or an iterable of step numbers with a length (a list, "
+            f"tuple or set), got {what}; pass a range (e.g. range(10, 20)), or list(...) of a "
+            "finite iterable"
+        )
+    if len(steps) > MAX_LISTED_STEPS:
+        raise ValueError(
+            f"steps lists {len(steps)} step numbers, more than {MAX_LISTED_STEPS}; pass a range "
+            "(e.g. range(0, n, 2)), which may be of any length"
+        )
+    return frozenset(_check_count("each step in steps", s) for s in steps)
 
 
 def select(
@@ -83,8 +133,11 @@ def select(
 
     ``current`` is the step in progress (``Store.step``). Without ``steps=``, a window covers
     finished steps only (``warmup <= step < current``), the last ``last`` of them if given.
-    ``steps=`` names steps explicitly (a ``range`` or ints), the current one included.
-    ``dropped``: steps whose raw samples were dropped (STEP_SAMPLE_CAP); noted when chosen.
+    ``steps=`` names steps explicitly, the current one included: an ascending ``range`` of any
+    length (intersected with the steps that exist, never listed), or a list, tuple or set of
+    at most MAX_LISTED_STEPS ints; iterators and generators are refused, so a report always
+    returns promptly. ``dropped``: steps whose raw samples were dropped (STEP_SAMPLE_CAP);
+    noted when chosen.
     """
     skip = _check_count("warmup", warmup)
     if last is not None:
@@ -93,6 +146,9 @@ def select(
             raise ValueError("last must be >= 1 (the number of finished steps to report)")
     if last is not None and steps is not None:
         raise ValueError("give either last= or steps=, not both")
+    listed: frozenset[int] = frozenset()
+    if steps is not None and not isinstance(steps, range):
+        listed = _listed(steps)  # checked before anything else, whatever the Timer keeps
     if last is None and steps is None and skip == 0:
         return None
     if keep_steps == 0:
@@ -108,22 +164,12 @@ def select(
     elif isinstance(steps, range):
         if steps.step < 1:
             raise ValueError(f"steps must be an ascending range, got {steps!r}")
-        start = max(steps.start, skip, 0)
-        if steps.step == 1:
-            chosen = range(start, max(start, min(steps.stop, current + 1)))
-        else:
-            chosen = frozenset(s for s in steps if skip <= s <= current)
-    elif isinstance(steps, Iterable) and not isinstance(steps, (str, bytes)):
-        picked = set()
-        for s in steps:
-            picked.add(_check_count("each step in steps", s))
-        chosen = frozenset(s for s in picked if skip <= s <= current)
+        chosen = _clip(steps, max(skip, 0), current + 1)
     else:
-        raise TypeError(
-            f"steps must be a range or an iterable of step numbers, got {type(steps).__name__}"
-        )
+        chosen = frozenset(s for s in listed if skip <= s <= current)
     note = ""
-    gone = sorted(s for s in dropped if s in chosen)
+    gone = sorted(s for s in frozenset(dropped) if s in chosen)
+    excluded = frozenset(gone)
     if gone:
         shown = ", ".join(str(s) for s in gone[:8]) + (", ..." if len(gone) > 8 else "")
         note = (
@@ -131,17 +177,17 @@ def select(
             f"{STEP_SAMPLE_CAP} times in one step, so its per-step samples were not kept "
             "(whole-run statistics still count them)"
         )
-        chosen = frozenset(s for s in chosen if s not in gone)
-    lowest = (chosen[0] if isinstance(chosen, range) else min(chosen)) if chosen else None
-    if oldest_kept is not None and lowest is not None and lowest < oldest_kept:
+    lowest = _members(chosen, excluded, 1)
+    if oldest_kept is not None and lowest and lowest[0] < oldest_kept:
         older = f"steps before {oldest_kept} are no longer kept (keep_steps={keep_steps})"
         note = f"{note}; {older}" if note else older
         chosen = (
-            range(max(chosen.start, oldest_kept), max(chosen.stop, oldest_kept))
+            _clip(chosen, oldest_kept, chosen.stop)
             if isinstance(chosen, range)
             else frozenset(s for s in chosen if s >= oldest_kept)
         )
-    return Window(chosen, _label(chosen), note)
+        excluded = frozenset(s for s in excluded if s in chosen)
+    return Window(chosen, _label(chosen, excluded), note, excluded)
 
 
 def window_regions(view: View, window: Window) -> tuple[RegionStats, ...]:

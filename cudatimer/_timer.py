@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import os
 import warnings
 import weakref
@@ -33,6 +34,20 @@ from ._recorder import Recorder
 from ._records import StepStats, Summary
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# Bounds of the NVTX event attributes, checked when a region or marker is made, so an argument
+# fails the same way whether or not a tool is attached (the nvtx package only converts them
+# to C when one is, e.g. under Nsight Systems): the category is a uint32_t, an int payload is
+# passed as int64_t (a float one as a double, which must be finite to mean anything).
+_CATEGORY_MAX = 2**32 - 1
+_PAYLOAD_MIN, _PAYLOAD_MAX = -(2**63), 2**63 - 1
+# keep_steps: each kept step holds up to STEP_SAMPLE_CAP raw samples (1 MB) and a new step
+# moves the list of kept steps, so a step costs O(keep_steps); 10^6 keeps that under a
+# millisecond, far more steps than a window is ever asked over.
+_KEEP_STEPS_MAX = 10**6
+# trace_samples: the trace ring grows to 72 bytes a sample in the C core (more in pure
+# Python), so 10^7 samples are 0.7 GB; a trace that size is already too big for Perfetto.
+_TRACE_SAMPLES_MAX = 10**7
 Mode = Literal["full", "nvtx", "events"]
 Clock = Literal["auto", "host"]
 _MODES = ("full", "nvtx", "events")
@@ -73,7 +88,21 @@ def _check_name(name: object, what: str = "name") -> str:
             f"{what} {name!r} contains '/', which separates nesting levels in region paths; "
             "nest regions instead, or use another separator such as '.'"
         )
+    _check_utf8(name, what)
     return name
+
+
+def _check_utf8(text: str, what: str) -> None:
+    """NVTX registers names as UTF-8: a lone surrogate (e.g. from a bad decode) cannot be."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start : exc.end]
+        raise ValueError(
+            f"{what} {text!r} is not valid Unicode: it holds the lone surrogate {bad!r}, which "
+            "has no UTF-8 form (NVTX registers names as UTF-8); decode the text with "
+            "errors='replace' or drop that character"
+        ) from None
 
 
 def _check_streams(streams: object) -> tuple[tuple[tuple[int, int, int], Any], ...]:
@@ -212,6 +241,9 @@ def compiled() -> bool:
 class Timer:
     """An independent registry of regions with its own NVTX domain and results.
 
+    ``keep_steps`` (at most 10**6) steps keep raw samples for window reports, and the trace
+    keeps the last ``trace_samples`` (at most 10**7) calls; 0 keeps none.
+
     >>> import cudatimer
     >>> timer = cudatimer.Timer(name="data")
     >>> with timer.region("decode"):
@@ -232,11 +264,16 @@ class Timer:
         trace_samples: int = 4096,
     ) -> None:
         _check_name(name, "name")
-        for arg, value in (("keep_steps", keep_steps), ("trace_samples", trace_samples)):
+        for arg, value, most in (
+            ("keep_steps", keep_steps, _KEEP_STEPS_MAX),
+            ("trace_samples", trace_samples, _TRACE_SAMPLES_MAX),
+        ):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{arg} must be an int, got {type(value).__name__}")
             if value < 0:
                 raise ValueError(f"{arg} must be >= 0, got {value}")
+            if value > most:
+                raise ValueError(f"{arg} must be at most {most:,}, got {value:,}")
         _check_name(domain, "domain")
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {', '.join(_MODES)}; got {mode!r}")
@@ -267,13 +304,14 @@ class Timer:
 
         Options: ``mode`` ("full": events and NVTX; "nvtx": NVTX range only, no events;
         "events": no NVTX), ``color`` (a name or 0xRRGGBB; default: stable per name),
-        ``category`` (int or str, NVTX category), ``payload`` (int or float shown on the NVTX
-        range, e.g. a step number), ``clock`` ("auto": CUDA events when CUDA is in use, else
-        the host clock; "host": always the host clock, for CPU-only code), ``streams`` (CUDA
-        streams the region's work also runs on: an end event is recorded on each at exit and
-        the GPU time runs to the latest; no stream is made to wait), ``every`` (time one call
-        in ``every``, count them all: for hot code; ``calls`` counts every call, the times
-        cover the timed ones).
+        ``category`` (an int in 0..2**32-1 or a str, NVTX category), ``payload`` (an int in
+        int64's range or a finite float shown on the NVTX range, e.g. a step number; both are
+        checked here, the same whether or not an NVTX tool is attached), ``clock`` ("auto":
+        CUDA events when CUDA is in use, else the host clock; "host": always the host clock,
+        for CPU-only code), ``streams`` (CUDA streams the region's work also runs on: an end
+        event is recorded on each at exit and the GPU time runs to the latest; no stream is
+        made to wait), ``every`` (time one call in ``every``, count them all: for hot code;
+        ``calls`` counts every call, the times cover the timed ones).
 
         >>> import cudatimer
         >>> t = cudatimer.Timer(name="sampled")
@@ -385,12 +423,29 @@ class Timer:
             isinstance(category, bool) or not isinstance(category, (int, str))
         ):
             raise TypeError(f"category must be an int or a str, got {type(category).__name__}")
-        if isinstance(category, int) and category < 0:
-            raise ValueError(f"category must be >= 0, got {category}")
+        if isinstance(category, int):
+            if not 0 <= category <= _CATEGORY_MAX:
+                raise ValueError(
+                    f"category must be in 0..{_CATEGORY_MAX} (NVTX's uint32), got {category}"
+                )
+            category = int(category)  # an int subclass (IntEnum) as the plain int NVTX takes
+        elif isinstance(category, str):
+            _check_utf8(category, "category")
         if payload is not None and (
             isinstance(payload, bool) or not isinstance(payload, (int, float))
         ):
             raise TypeError(f"payload must be an int or a float, got {type(payload).__name__}")
+        if isinstance(payload, int):
+            if not _PAYLOAD_MIN <= payload <= _PAYLOAD_MAX:
+                raise ValueError(
+                    f"payload must be in {_PAYLOAD_MIN}..{_PAYLOAD_MAX} (NVTX's int64) when an "
+                    f"int, got {payload}"
+                )
+            payload = int(payload)  # the nvtx package takes exactly int or float
+        elif isinstance(payload, float):
+            if not math.isfinite(payload):
+                raise ValueError(f"payload must be a finite number when a float, got {payload}")
+            payload = float(payload)
         rgb = resolve_color(name, color)
         if every != 1 and mode != "nvtx":
             made: Mode = mode  # type: ignore[assignment]
@@ -438,6 +493,7 @@ class Timer:
         """An instant NVTX marker in this Timer's domain (e.g. ``timer.mark("checkpoint")``).
 
         Markers are rare, so attributes are built per call; nothing is recorded for reports.
+        The options are those of :meth:`region`, checked the same way.
         """
         _check_name(name)
         probe = self._make(name, "full", color, category, payload, "auto")  # validates options
@@ -464,7 +520,9 @@ class Timer:
         """Resolve every finished sample and return frozen records (never clears anything).
 
         Waits at most ``timeout_s`` for GPU work still running; samples not finished by then
-        stay pending (``Summary.pending``) and appear in a later summary.
+        stay pending (``Summary.pending``) and appear in a later summary. ``timeout_s`` must be
+        finite (NaN and infinity are refused: a report never waits for ever; pass a large
+        number such as 3600 to wait long).
 
         A window of steps (``step()`` marks them): ``last=N`` covers the last N finished steps,
         ``steps=range(10, 20)`` (or any step numbers) those steps, ``warmup=K`` skips steps
@@ -486,7 +544,16 @@ class Timer:
             raise TypeError(
                 f"timeout_s must be a number of seconds, got {type(timeout_s).__name__}"
             )
-        if timeout_s < 0:
+        try:
+            seconds = float(timeout_s)
+        except OverflowError:  # an int too large for a float
+            seconds = math.inf
+        if not math.isfinite(seconds):
+            raise ValueError(
+                f"timeout_s must be a finite number of seconds (a report never waits for ever; "
+                f"pass e.g. 3600 to wait long), got {timeout_s!r}"
+            )
+        if seconds < 0:
             raise ValueError(f"timeout_s must be >= 0, got {timeout_s}")
         for arg, flag in (("step_stats", step_stats), ("trace", trace)):
             if not isinstance(flag, bool):
@@ -494,7 +561,7 @@ class Timer:
         meta = (("timer", self.name), ("torch", str(torch.__version__)))
         return self.recorder.summary(
             meta,
-            float(timeout_s),
+            seconds,
             {"last": last, "steps": steps, "warmup": warmup},
             step_stats,
             trace,
