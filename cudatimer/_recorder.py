@@ -168,13 +168,16 @@ class Recorder:
         t1 = _now()
         stack = self.store.stack()
         top = _live_top(stack)
-        if top is None or (top.region is not r and not _has_frame(stack, r)):
-            # A generator suspended inside the region and closed on another thread (the
-            # garbage collector's): GeneratorExit arrives here. The frame's own thread drops
-            # it (and pops its NVTX range) the next time it enters or exits a region.
-            if exc_type is not None and issubclass(exc_type, GeneratorExit):
-                if self.store.orphan(r):
-                    return
+        # A generator suspended inside the region and closed on another thread (the garbage
+        # collector's): GeneratorExit arrives here. The frame's own thread drops it (and pops
+        # its NVTX range) the next time it enters or exits a region.
+        if (
+            (top is None or (top.region is not r and not _has_frame(stack, r)))
+            and exc_type is not None
+            and issubclass(exc_type, GeneratorExit)
+            and self.store.orphan(r)
+        ):
+            return
         if top is None:
             raise RuntimeError(
                 f"cudatimer: region {r.name!r} exited on a thread where no region is open "

@@ -176,7 +176,7 @@ def wrap(fn: Any, region: Region, entry: bool = True) -> Any:
     # torch.jit.script follows __wrapped__ to the source of the undecorated function and
     # would compile it without its region: 0 calls recorded, silently. TorchScript refuses
     # functions that carry this attribute, with its text as the error.
-    setattr(  # noqa: B010  (the name TorchScript looks for is not an identifier of ours)
+    setattr(  # the name TorchScript looks for is not an identifier of ours
         timed_function,
         "__script_unsupported",
         f"{getattr(fn, '__qualname__', fn)!r} is timed by cudatimer; scripting it would compile "
