@@ -7,12 +7,16 @@
     cudatimer csv RUN.json -o regions.csv [--what regions|steps|trace]
 
 Exit status: 0 on success, 1 when a file cannot be read or written (the message says which
-and why), 2 for a bad command line.
+and why), 2 for a bad command line, 141 (128 + SIGPIPE, what a shell reports for any tool
+that a closed pipe stopped) when standard output closes early, as in ``cudatimer show RUN.json
+| head -1``: the command then stops quietly, without a traceback. (``--help`` into a closed
+pipe exits 0: argparse ignores the failed write.)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -21,13 +25,18 @@ from ._export import WHATS, load, to_csv
 from ._records import Summary
 from ._report import COLUMNS, COMPARE_STATS, SORTS, VIEWS, render, render_compare
 
-__all__ = ["main"]
+__all__ = ["EXIT_BROKEN_PIPE", "main"]
+
+#: Exit status when standard output was closed before the command finished writing to it.
+EXIT_BROKEN_PIPE = 141
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cudatimer",
         description="Read cudatimer runs saved with cudatimer.save(path).",
+        epilog="Exit status: 0 ok; 1 a file could not be read or written; 2 a bad command "
+        f"line; {EXIT_BROKEN_PIPE} standard output closed early (e.g. piped into head).",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -118,16 +127,43 @@ def _run(args: argparse.Namespace) -> str:
     return f"wrote {args.output}"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``cudatimer`` console script; returns the exit status."""
-    args = _parser().parse_args(argv)
+def _silence_stdout() -> None:
+    """Point standard output at the null device, so that the interpreter's last flush of what
+    is still buffered for the closed pipe does not print a BrokenPipeError of its own."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # no descriptor (captured)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+
+
+def _command(args: argparse.Namespace) -> int:
     try:
         text = _run(args)
+    except BrokenPipeError:
+        raise
     except (OSError, ValueError, ImportError, TypeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         where = f": {exc.filename}" if isinstance(exc, OSError) and exc.filename else ""
-        print(f"cudatimer {args.command}: error: {reason}{where}", file=sys.stderr)
+        with contextlib.suppress(OSError):  # a closed stderr: the exit status still says it
+            print(f"cudatimer {args.command}: error: {reason}{where}", file=sys.stderr)
         return 1
     if text:
         print(text)
+    sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``cudatimer`` console script; returns the exit status (see the
+    module's docstring: EXIT_BROKEN_PIPE, quietly, when standard output closes early)."""
+    try:
+        try:
+            args = _parser().parse_args(argv)
+        finally:
+            sys.stdout.flush()  # --help's text
+        return _command(args)
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import IO, Any
 
+from ._export import write_atomic
 from ._records import RegionStats, Summary
 
 __all__ = ["plot"]
@@ -43,8 +44,8 @@ def plot(
     """Write a PNG: the ``top`` regions by time (GPU and CPU total side by side), and, when the
     summary carries per-step stats of 2 steps or more, their time per step below.
 
-    Times are inclusive (a parent's bar contains its children's). ``path`` is a file path or
-    a binary stream.
+    Times are inclusive (a parent's bar contains its children's). ``path`` is a file path
+    (written atomically: on failure no partial file is left) or a binary stream.
     """
     if not isinstance(summary, Summary):
         raise TypeError(f"summary must be a cudatimer.Summary, got {type(summary).__name__}")
@@ -91,7 +92,10 @@ def plot(
     bars_ax.set_title(title if title is not None else default_title)
     if steps_ax is not None:
         _plot_steps(steps_ax, summary, regions[: min(5, len(regions))], steps)
-    fig.savefig(path, format="png")
+    if isinstance(path, (str, os.PathLike)):  # a failed write leaves no partial PNG behind
+        write_atomic(path, lambda f: fig.savefig(f, format="png"), binary=True)
+    else:
+        fig.savefig(path, format="png")
 
 
 def _plot_steps(ax: Any, summary: Summary, regions: list[RegionStats], steps: list[int]) -> None:

@@ -23,6 +23,7 @@ import os
 import threading
 from typing import IO, TYPE_CHECKING, Any
 
+from ._export import write_atomic
 from ._records import Summary, TraceSample
 
 if TYPE_CHECKING:
@@ -209,14 +210,17 @@ def write_chrome(summary: Summary, path: str | os.PathLike[str] | IO[str]) -> No
 
 
 def _write_json(doc: Any, path: str | os.PathLike[str] | IO[str]) -> None:
+    """Write ``doc`` as JSON to a text stream, or to a path through a temporary file renamed
+    into place (a failure, e.g. a NaN that ``allow_nan=False`` refuses or a full disk, leaves
+    neither a temporary file nor half a trace, and a previous file as it was)."""
     if hasattr(path, "write"):
         json.dump(doc, path, allow_nan=False)  # type: ignore[arg-type]
         return
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a file path or a text stream, got {type(path).__name__}")
-    target = os.fspath(path)
-    tmp = f"{target}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+
+    def write(f: IO[str]) -> None:
         json.dump(doc, f, allow_nan=False)
         f.write("\n")
-    os.replace(tmp, target)
+
+    write_atomic(path, write)
