@@ -66,10 +66,14 @@ class Frame:
     ) -> None: ...
 
 class Stack:
-    """A thread's open regions of one store, innermost last."""
+    """A thread's (or a running asyncio task's) open regions of one store, innermost last."""
 
     @property
     def tid(self) -> int: ...
+    @property
+    def base(self) -> int:
+        """The slot regions nest under while it is empty: -1 (the root) for a thread; for a
+        task, the innermost region open where the task first opened one."""
     def push(self, frame: Frame) -> None: ...
     def pop(self) -> Frame:
         """The innermost frame, removed (IndexError when empty)."""
@@ -213,7 +217,10 @@ class Store:
         step_cap: int,
         child: Callable[[int, str], int],
     ) -> None: ...
-    def stack(self) -> Stack: ...
+    def stack(self) -> Stack:
+        """The calling thread's stack, or the running asyncio task's (tasks interleave on
+        one thread; each nests its own regions)."""
+
     def reset(self) -> None: ...
     def record(
         self,

@@ -16,12 +16,18 @@ compiler was present.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import os
 import threading
 import time
 import weakref
 from array import array
+
+# torch imports asyncio already; _get_running_loop is C where _asyncio exists (0.05 us a call),
+# current_task is C from Python 3.12 on.
+from asyncio import current_task
+from asyncio.events import _get_running_loop
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
@@ -158,13 +164,17 @@ class Frame:
 
 
 class Stack(list):  # type: ignore[type-arg]
-    """A thread's open regions, innermost last; ``tid`` is the owning thread's id."""
+    """A thread's (or an asyncio task's) open regions, innermost last; ``tid`` is the owning
+    thread's id, ``base`` the slot regions nest under when it is empty (-1: the root; a task's
+    stack starts under the region open where the task first opened one), ``owner`` its task."""
 
-    __slots__ = ("__weakref__", "tid")
+    __slots__ = ("__weakref__", "base", "owner", "tid")
 
-    def __init__(self) -> None:
+    def __init__(self, base: int = -1, owner: Any = None) -> None:
         super().__init__()
         self.tid = _get_ident()
+        self.base = base
+        self.owner = owner
 
     push = list.append
 
@@ -646,6 +656,11 @@ class Store:
         self.child = child
         self._stacks: list[weakref.ref[Stack]] = []
         self._local = _Local(self._stacks)
+        # Each asyncio task's own stack, in its context (a task inherits its creator's
+        # context, so a task's first region finds the creator's stack there and nests under it).
+        self._task_stack: contextvars.ContextVar[Stack] = contextvars.ContextVar(
+            f"cudatimer-stack-{id(self)}"
+        )
         self._stats: dict[tuple[int, int], _Acc] = {}
         self._steps: dict[int, _StepRec] = {}  # insertion order: oldest first
         # Plain tuples in TraceItem's field order (a NamedTuple built per sample cost ~0.6 us
@@ -658,9 +673,23 @@ class Store:
         return self._gen
 
     def stack(self) -> Stack:
-        """The calling thread's stack of open regions of this store."""
+        """The calling thread's stack of open regions of this store, or the running asyncio
+        task's: concurrent tasks interleave on one thread, each nests its own regions."""
         stack: Stack = self._local.stack
-        return stack
+        if _get_running_loop() is None:
+            return stack
+        task = current_task()
+        if task is None:
+            return stack
+        mine = self._task_stack.get(None)
+        if mine is None or mine.owner is not task:
+            parent = mine if mine is not None else stack
+            top = parent.top()
+            mine = Stack(top.slot if top is not None else parent.base, task)
+            self._stacks[:] = [ref for ref in self._stacks if ref() is not None]
+            self._stacks.append(weakref.ref(mine))
+            self._task_stack.set(mine)
+        return mine
 
     def reset(self) -> None:
         with _LOCK:
@@ -877,7 +906,7 @@ class RegionBase:
         if rec is None:  # a side stream (maybe capturing), or a stream not seen yet
             self._enter_hook(self)
             return self
-        stack = store._local.stack
+        stack = store._local.stack if _get_running_loop() is None else store.stack()
         if stack:
             top = stack[-1]
             if top.kind == ORPHAN:  # closed on another thread: the general hook drops it
@@ -885,7 +914,7 @@ class RegionBase:
                 return self
             parent = top.slot
         else:
-            parent = -1
+            parent = stack.base
         if parent == self._cparent:
             slot = self._cslot
         else:
@@ -913,7 +942,7 @@ class RegionBase:
     ) -> None:
         t1 = now_ns()
         store = self._store
-        stack = store._local.stack
+        stack = store._local.stack if _get_running_loop() is None else store.stack()
         if self._fast and stack:
             f = stack[-1]
             rec = f.rec

@@ -113,7 +113,7 @@ class Recorder:
         store = self.store
         stack = store.stack()
         top = _live_top(stack)
-        slot = self.tree.child(top.slot if top is not None else -1, r.name)
+        slot = self.tree.child(top.slot if top is not None else stack.base, r.name)
         gen = store.gen
         if not store.enabled:
             stack.push(_core.Frame(r, slot, gen, _OFF))
@@ -148,7 +148,7 @@ class Recorder:
         store = self.store
         stack = store.stack()
         top = _live_top(stack)
-        slot = self.tree.child(top.slot if top is not None else -1, r.name)
+        slot = self.tree.child(top.slot if top is not None else stack.base, r.name)
         if not store.enabled:
             stack.push(_core.Frame(r, slot, store.gen, _OFF))
             return
@@ -208,8 +208,9 @@ class Recorder:
         store = self.store
         if _is_compiling() or not store.enabled:
             return None
-        top = store.stack().top()
-        slot = self.tree.child(top.slot if top is not None else -1, r.name)
+        stack = store.stack()
+        top = stack.top()
+        slot = self.tree.child(top.slot if top is not None else stack.base, r.name)
         gen = store.gen
         rid = r.domain.start(r.attrs) if r.nvtx else None
         if not r.timing:

@@ -342,17 +342,18 @@ def render(
 def _tree_order(
     rows: list[_Row], wanted: set[int], key: Callable[[_Row], tuple[object, ...]]
 ) -> list[tuple[_Row, str]]:
+    """Rows parents first, children sorted by ``key``, with their tree labels. A loop over an
+    explicit stack, not recursion: a run of regions nested 2000 deep renders too."""
     out: list[tuple[_Row, str]] = []
-
-    def visit(row: _Row, prefix: str, top: bool) -> None:
+    roots = sorted((r for r in rows if r.shown_under is None and id(r) in wanted), key=key)
+    todo: list[tuple[_Row, str, bool]] = [(root, "", True) for root in reversed(roots)]
+    while todo:
+        row, prefix, top = todo.pop()
         label = row.r.name if row.shown_under is None else row.r.leaf
         out.append((row, label if top else prefix + _BRANCH + label))
         below = "" if top else prefix + _TRUNK
-        for kid in sorted((k for k in row.kids if id(k) in wanted), key=key):
-            visit(kid, below, False)
-
-    for root in sorted((r for r in rows if r.shown_under is None and id(r) in wanted), key=key):
-        visit(root, "", True)
+        kids = sorted((k for k in row.kids if id(k) in wanted), key=key)
+        todo.extend((kid, below, False) for kid in reversed(kids))
     return out
 
 

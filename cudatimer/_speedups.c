@@ -381,6 +381,8 @@ typedef struct {
     Py_ssize_t n, cap;
     unsigned long tid;
     PyObject *weakrefs; /* its store keeps a weak reference, to find frames orphaned by it */
+    int64_t base;       /* the slot regions nest under while it is empty (-1: the root) */
+    PyObject *owner;    /* the asyncio task whose stack it is (strong), or NULL: a thread's */
 } StackObj;
 
 struct StoreObj;
@@ -463,7 +465,8 @@ typedef struct StoreObj {
     uint64_t step_serial;
     TItem *trace; /* ring of the last trace_samples items */
     Py_ssize_t tfirst, ntrace, tcap;
-    PyObject *stacks; /* weak references to every thread's Stack of this store (orphan()) */
+    PyObject *stacks;   /* weak references to every thread's Stack of this store (orphan()) */
+    PyObject *task_var; /* a ContextVar: each asyncio task's Stack, in the task's context */
 } StoreObj;
 
 typedef struct {
@@ -897,6 +900,8 @@ stack_make(void)
     st->n = st->cap = 0;
     st->tid = PyThread_get_thread_ident();
     st->weakrefs = NULL;
+    st->base = -1;
+    st->owner = NULL;
     PyObject_GC_Track(st);
     return st;
 }
@@ -918,6 +923,7 @@ stack_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 static int
 stack_traverse(StackObj *st, visitproc visit, void *arg)
 {
+    Py_VISIT(st->owner);
     for (Py_ssize_t i = 0; i < st->n; i++) {
         Entry *e = &st->e[i];
         if (e->py != NULL) {
@@ -934,6 +940,7 @@ stack_traverse(StackObj *st, visitproc visit, void *arg)
 static int
 stack_clear(StackObj *st)
 {
+    Py_CLEAR(st->owner);
     while (st->n > 0) {
         Entry e = st->e[--st->n];
         if (e.py != NULL) {
@@ -1082,6 +1089,13 @@ stack_get_tid(StackObj *st, void *closure)
 }
 
 static PyObject *
+stack_get_base(StackObj *st, void *closure)
+{
+    (void)closure;
+    return PyLong_FromLongLong(st->base);
+}
+
+static PyObject *
 stack_repr(StackObj *st)
 {
     return PyUnicode_FromFormat("<Stack of thread %lu, %zd frames>", st->tid, st->n);
@@ -1107,6 +1121,9 @@ static PyMethodDef stack_methods[] = {
 
 static PyGetSetDef stack_getset[] = {
     {"tid", (getter)stack_get_tid, NULL, "threading.get_ident() of the owning thread.", NULL},
+    {"base", (getter)stack_get_base, NULL,
+     "The slot regions nest under while it is empty (-1: the root; a task's stack starts "
+     "under the region open where the task first opened one).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1997,6 +2014,10 @@ store_init(StoreObj *s, PyObject *args, PyObject *kwds)
         return -1;
     }
     s->child = Py_NewRef(child);
+    s->task_var = PyContextVar_New("cudatimer-stack", NULL);
+    if (s->task_var == NULL) {
+        return -1;
+    }
     s->enabled = 1;
     s->keep_steps = keep;
     s->trace_samples = trace;
@@ -2005,17 +2026,77 @@ store_init(StoreObj *s, PyObject *args, PyObject *kwds)
     return 0;
 }
 
-/* -- this thread's Stack of a store ------------------------------------------------------
- * Kept in the thread's dict (PyThreadState_GetDict) under the store's serial, with a 4-way
- * thread-local cache in front of that lookup (~0.1 us). A cached Stack is held (up to four
- * per thread, kept after the thread ends, as the cache cannot see it end); serials are never
- * reused, so an entry of a store that is gone is never hit again. */
+/* -- this thread's (or asyncio task's) Stack of a store ------------------------------------
+ * A thread's is kept in the thread's dict (PyThreadState_GetDict) under the store's serial.
+ * While an asyncio loop runs, each task has its own, in the store's context variable (a task
+ * inherits its creator's context: its first region finds the creator's stack there and
+ * nests under it). A 4-way thread-local cache keyed by (serial, current context) sits in
+ * front (~0.1 us saved): a task switch changes the thread's current context, so plain
+ * threaded code hits it every time and a task pays the lookup once per switch. A cached
+ * Stack and context are held (up to four per thread, kept after the thread ends, as the
+ * cache cannot see it end; held, a context's address is never reused while cached);
+ * serials are never reused, so an entry of a store that is gone is never hit again. */
 #define TLS_WAYS 4
 static _Thread_local struct {
     int64_t serial;
     StackObj *st;
+    PyObject *ctx;
 } tls_stacks[TLS_WAYS];
 static _Thread_local unsigned tls_next;
+static PyObject *g_running_loop = NULL; /* _asyncio._get_running_loop, where importable */
+static PyObject *g_current_task = NULL; /* _asyncio.current_task */
+
+static int store_note_stack(StoreObj *s, PyObject *st);
+
+/* The running task's Stack of s (a new reference), or thread_st's new reference when no
+ * asyncio task runs here; NULL with an exception. */
+static StackObj *
+task_stack(StoreObj *s, StackObj *thread_st)
+{
+    if (g_running_loop == NULL || s->task_var == NULL) {
+        return (StackObj *)Py_NewRef(thread_st);
+    }
+    PyObject *loop = PyObject_CallNoArgs(g_running_loop);
+    if (loop == NULL) {
+        return NULL;
+    }
+    PyObject *task = loop == Py_None ? Py_NewRef(Py_None) : PyObject_CallOneArg(g_current_task, loop);
+    Py_DECREF(loop);
+    if (task == NULL) {
+        return NULL;
+    }
+    if (task == Py_None) {
+        Py_DECREF(task);
+        return (StackObj *)Py_NewRef(thread_st);
+    }
+    PyObject *cur = NULL;
+    if (PyContextVar_Get(s->task_var, NULL, &cur) < 0) {
+        Py_DECREF(task);
+        return NULL;
+    }
+    if (cur != NULL && Py_IS_TYPE(cur, &StackType) && ((StackObj *)cur)->owner == task) {
+        Py_DECREF(task);
+        return (StackObj *)cur;
+    }
+    StackObj *parent = cur != NULL && Py_IS_TYPE(cur, &StackType) ? (StackObj *)cur : thread_st;
+    StackObj *mine = stack_make();
+    if (mine == NULL) {
+        Py_XDECREF(cur);
+        Py_DECREF(task);
+        return NULL;
+    }
+    mine->base = parent->n ? ent_frame(&parent->e[parent->n - 1])->slot : parent->base;
+    mine->owner = task; /* our reference */
+    Py_XDECREF(cur);
+    PyObject *token = PyContextVar_Set(s->task_var, (PyObject *)mine);
+    if (token == NULL || store_note_stack(s, (PyObject *)mine) < 0) {
+        Py_XDECREF(token);
+        Py_DECREF(mine);
+        return NULL;
+    }
+    Py_DECREF(token);
+    return mine;
+}
 
 /* Remember a new Stack of s (weakly), dropping the references of stacks that are gone. */
 static int
@@ -2052,8 +2133,10 @@ store_note_stack(StoreObj *s, PyObject *st)
 static StackObj *
 store_stack(StoreObj *s)
 {
+    PyObject *ctx = PyThreadState_Get()->context;
     for (int i = 0; i < TLS_WAYS; i++) {
-        if (tls_stacks[i].serial == s->serial && tls_stacks[i].st != NULL) {
+        if (tls_stacks[i].serial == s->serial && tls_stacks[i].st != NULL
+            && tls_stacks[i].ctx == ctx) {
             return tls_stacks[i].st;
         }
     }
@@ -2084,12 +2167,20 @@ store_stack(StoreObj *s)
             return NULL;
         }
     }
+    StackObj *found = task_stack(s, (StackObj *)st); /* a new reference */
+    if (found == NULL) {
+        return NULL;
+    }
+    ctx = PyThreadState_Get()->context; /* (created by the context variable's lookup) */
     unsigned w = tls_next++ % TLS_WAYS;
     StackObj *old = tls_stacks[w].st;
+    PyObject *old_ctx = tls_stacks[w].ctx;
     tls_stacks[w].serial = s->serial;
-    tls_stacks[w].st = (StackObj *)Py_NewRef(st);
-    Py_XDECREF(old); /* the dict still holds st */
-    return (StackObj *)st;
+    tls_stacks[w].st = found; /* the cache holds it; the dict or the context does too */
+    tls_stacks[w].ctx = Py_XNewRef(ctx);
+    Py_XDECREF(old);
+    Py_XDECREF(old_ctx);
+    return found;
 }
 
 static int
@@ -2105,6 +2196,7 @@ store_clear(StoreObj *s)
 {
     Py_CLEAR(s->child);
     Py_CLEAR(s->stacks);
+    Py_CLEAR(s->task_var);
     return 0;
 }
 
@@ -2118,9 +2210,12 @@ store_dealloc(StoreObj *s)
     for (int i = 0; s->serial && i < TLS_WAYS; i++) {
         if (tls_stacks[i].serial == s->serial) {
             StackObj *st = tls_stacks[i].st;
+            PyObject *ctx = tls_stacks[i].ctx;
             tls_stacks[i].serial = 0;
             tls_stacks[i].st = NULL;
+            tls_stacks[i].ctx = NULL;
             Py_XDECREF(st);
+            Py_XDECREF(ctx);
         }
     }
     PyObject *d = s->serial_key ? PyThreadState_GetDict() : NULL;
@@ -2559,7 +2654,7 @@ region_enter(RegionObj *r, PyObject *unused)
         goto fail;
     }
     Py_INCREF(st);
-    int64_t parent = -1;
+    int64_t parent = st->base;
     if (st->n) {
         CFrame *top = ent_frame(&st->e[st->n - 1]);
         if (top->kind == K_ORPHAN) { /* closed on another thread: the general hook drops it */
@@ -3258,6 +3353,22 @@ PyInit__speedups(void)
     }
     if (minus_one == NULL && (minus_one = PyLong_FromLong(-1)) == NULL) {
         return NULL;
+    }
+    if (g_running_loop == NULL) { /* optional: without _asyncio every stack is a thread's */
+        /* asyncio.current_task is C from 3.12 (Python before); _get_running_loop is C where
+         * _asyncio exists. torch imports asyncio already, so this costs no import time. */
+        PyObject *aio = PyImport_ImportModule("asyncio");
+        PyObject *events = aio ? PyObject_GetAttrString(aio, "events") : NULL;
+        if (events != NULL) {
+            g_running_loop = PyObject_GetAttrString(events, "_get_running_loop");
+            g_current_task = g_running_loop ? PyObject_GetAttrString(aio, "current_task") : NULL;
+            if (g_current_task == NULL) {
+                Py_CLEAR(g_running_loop);
+            }
+        }
+        Py_XDECREF(events);
+        Py_XDECREF(aio);
+        PyErr_Clear();
     }
     if (g_streams == NULL && (g_streams = PyDict_New()) == NULL) {
         return NULL;

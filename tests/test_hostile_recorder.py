@@ -3,6 +3,7 @@ regions. Run on the chosen core here and on the other one by the nested suite ru
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import threading
@@ -169,3 +170,67 @@ def test_generator_on_another_thread_keeps_nvtx_balanced() -> None:
     except HarnessUnavailable as exc:
         pytest.skip(str(exc))
     assert trace(records) == ["+held", "-held", "+probe", "-probe"]
+
+
+async def _serve(names: list[str], inner: bool = True) -> None:
+    async def request(name: str) -> None:
+        with cudatimer.cuda_region(name):
+            await asyncio.sleep(0.001)
+            if inner:
+                with cudatimer.cuda_region("inner"):
+                    await asyncio.sleep(0.001)
+
+    with cudatimer.cuda_region("server"):
+        await asyncio.gather(*(request(n) for n in names))
+
+
+def test_concurrent_tasks_each_nest_their_own_regions() -> None:
+    """Four tasks in one region each nest under the task that made them, not in each other."""
+    asyncio.run(_serve(["req"] * 4))
+    s = cudatimer.summary()
+    assert [(r.name, r.calls) for r in s.regions] == [
+        ("server", 1),
+        ("server/req", 4),
+        ("server/req/inner", 4),
+    ]
+    assert s.open == 0
+
+
+def test_concurrent_tasks_with_distinct_names_raise_nothing() -> None:
+    """Tasks whose regions have other names close them in their own order, without errors."""
+    asyncio.run(_serve(["a", "b", "c"]))
+    assert cudatimer.summary().names == (
+        "server",
+        "server/a",
+        "server/a/inner",
+        "server/b",
+        "server/b/inner",
+        "server/c",
+        "server/c/inner",
+    )
+
+
+def test_tasks_on_the_fake_gpu_take_the_event_path() -> None:
+    """Under asyncio the common case still records events, on each task's own stack."""
+    from tests.fake_cuda import install
+
+    with install():
+        t = cudatimer.Timer(name="tasks-gpu")
+
+        async def request() -> None:
+            with t.region("req"):
+                await asyncio.sleep(0.001)
+                with t.region("inner"):
+                    await asyncio.sleep(0)
+
+        async def main() -> None:
+            with t.region("server"):
+                await asyncio.gather(*(request() for _ in range(3)))
+
+        asyncio.run(main())
+        s = t.summary()
+    assert [(r.name, r.clock, r.calls) for r in s.regions] == [
+        ("server", "cuda:0", 1),
+        ("server/req", "cuda:0", 3),
+        ("server/req/inner", "cuda:0", 3),
+    ]
