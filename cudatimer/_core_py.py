@@ -898,20 +898,17 @@ class RegionBase:
 
     def __enter__(self) -> Any:
         store = self._store
+        stack = store._local.stack if _get_running_loop() is None else store.stack()
         if not (self._fast and store.enabled and _usable):
-            self._enter_hook(self)
-            return self
+            return self._general_enter(stack)
         key = _getter(-1)  # type: ignore[misc]
         rec = _defaults.get(key[1]) if key[0] == 0 else None
         if rec is None:  # a side stream (maybe capturing), or a stream not seen yet
-            self._enter_hook(self)
-            return self
-        stack = store._local.stack if _get_running_loop() is None else store.stack()
+            return self._general_enter(stack)
         if stack:
             top = stack[-1]
             if top.kind == ORPHAN:  # closed on another thread: the general hook drops it
-                self._enter_hook(self)
-                return self
+                return self._general_enter(stack)
             parent = top.slot
         else:
             parent = stack.base
@@ -923,15 +920,30 @@ class RegionBase:
         push = self._push
         if push is not None:
             push(self._attrs)
+        frame = None
         try:
             pool = rec.pool
             start = pool.pop() if pool else rec.make_event()  # rec.take(), written out
             start.record(rec.stream)
+            frame = Frame(self, slot, store._gen, TIMED, rec, start, now_ns())
+            stack.append(frame)
         except BaseException:
+            # Whatever raises here (a KeyboardInterrupt from a signal handler, raised as a
+            # call returns, included) leaves neither a frame nor an NVTX range behind.
+            if frame is not None and stack and stack[-1] is frame:
+                del stack[-1]
             if push is not None:
                 self._pop()  # type: ignore[misc]
             raise
-        stack.append(Frame(self, slot, store._gen, TIMED, rec, start, now_ns()))
+        return self
+
+    def _general_enter(self, stack: Stack) -> Any:
+        depth = len(stack)
+        try:
+            self._enter_hook(self)
+        except BaseException:
+            _repair(stack, self, depth, None)
+            raise
         return self
 
     def __exit__(
@@ -940,36 +952,82 @@ class RegionBase:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        t1 = now_ns()
-        store = self._store
-        stack = store._local.stack if _get_running_loop() is None else store.stack()
-        if self._fast and stack:
-            f = stack[-1]
-            rec = f.rec
-            if f.region is self and f.kind == TIMED and _getter(-1) == rec.key:  # type: ignore[misc,union-attr]
-                del stack[-1]
-                try:
-                    pool = rec.pool  # type: ignore[union-attr]
-                    end = pool.pop() if pool else rec.make_event()  # type: ignore[union-attr]
-                    end.record(rec.stream)  # type: ignore[union-attr]
-                    f.end = end
-                    f.extra = ()
-                    f.t1 = t1
-                    f.step = store.step
-                    f.tid = stack.tid
-                    f.store = store
-                    pend = rec.pending_  # type: ignore[union-attr]
-                    pend.append(f)
-                    if len(pend) >= rec.check_at and _LOCK.acquire(blocking=False):  # type: ignore[union-attr]
-                        try:
-                            rec._harvest()  # type: ignore[union-attr]
-                        finally:
-                            _LOCK.release()
-                finally:
-                    if self._pop is not None:
-                        self._pop()
-                return
-        self._exit_hook(self, exc_type)
+        # If anything raises in here (a KeyboardInterrupt from a signal handler, say), the
+        # frame this exit closes still goes: the one noted (``own``), or, before it could be
+        # noted, the innermost frame of this region; unless the hot path already popped it.
+        # (The first instruction of a Python function, where CPython also checks for
+        # signals, stays a window the C core does not have.)
+        try:
+            own = None
+            popped = False
+            t1 = now_ns()
+            store = self._store
+            stack = store._local.stack if _get_running_loop() is None else store.stack()
+            if self._fast and stack:
+                f = stack[-1]
+                rec = f.rec
+                if f.region is self and f.kind == TIMED and _getter(-1) == rec.key:  # type: ignore[misc,union-attr]
+                    del stack[-1]
+                    popped = True
+                    try:
+                        pool = rec.pool  # type: ignore[union-attr]
+                        end = pool.pop() if pool else rec.make_event()  # type: ignore[union-attr]
+                        end.record(rec.stream)  # type: ignore[union-attr]
+                        f.end = end
+                        f.extra = ()
+                        f.t1 = t1
+                        f.step = store.step
+                        f.tid = stack.tid
+                        f.store = store
+                        pend = rec.pending_  # type: ignore[union-attr]
+                        pend.append(f)
+                        if len(pend) >= rec.check_at and _LOCK.acquire(blocking=False):  # type: ignore[union-attr]
+                            try:
+                                rec._harvest()  # type: ignore[union-attr]
+                            finally:
+                                _LOCK.release()
+                    finally:
+                        if self._pop is not None:
+                            self._pop()
+                    return
+            own = _innermost(stack, self)
+            self._exit_hook(self, exc_type)
+        except BaseException:
+            state = locals()  # (what was set before the exception: it may come at any line)
+            if not state.get("popped"):
+                stack = self._store.stack()
+                own = state.get("own")
+                _repair(stack, self, -1, own if own is not None else _innermost(stack, self))
+            raise
+
+
+def _innermost(stack: Stack, region: RegionBase) -> Frame | None:
+    for frame in reversed(stack):
+        if frame.region is region:
+            return frame  # type: ignore[no-any-return]
+    return None
+
+
+def _repair(stack: Stack, region: RegionBase, depth: int, own: Frame | None) -> None:
+    """After a general hook raised (a KeyboardInterrupt from a signal handler, say): a frame
+    the enter hook pushed (the stack deeper than ``depth``), or the frame ``own`` the exit hook
+    did not get to pop, goes, with its NVTX range; the stack stays as if the call never ran."""
+    if own is None and depth < 0:
+        return
+    if own is None:
+        if len(stack) <= depth or stack[-1].region is not region:
+            return
+        own = stack[-1]
+    for i in range(len(stack) - 1, -1, -1):
+        if stack[i] is own:
+            del stack[i]
+            break
+    else:
+        return
+    if own.kind == TIMED and own.rec is not None and own.start is not None:
+        own.rec.give(own.start)
+    if region._pop is not None and own.kind != OFF and own.range_id is None:
+        region._pop()
 
 
 class NullRegion:

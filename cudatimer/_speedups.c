@@ -2620,6 +2620,44 @@ current_key(SKey *k)
     return ok;
 }
 
+/* After a general hook raised (a KeyboardInterrupt from a signal handler, say): the frame
+ * the enter hook pushed (st deeper than depth, r's frame on top), or the frame own that the
+ * exit hook did not get to pop, goes with its NVTX range, as if the call never ran. The
+ * hook's exception stays the one raised. */
+static void
+repair_stack(StackObj *st, RegionObj *r, Py_ssize_t depth, FrameObj *own)
+{
+    Py_ssize_t at = -1;
+    if (own == NULL) {
+        if (st->n > depth && st->n > 0 && ent_frame(&st->e[st->n - 1])->region == (PyObject *)r) {
+            at = st->n - 1;
+        }
+    }
+    else {
+        for (Py_ssize_t i = st->n - 1; i >= 0; i--) {
+            if (st->e[i].py == own) {
+                at = i;
+                break;
+            }
+        }
+    }
+    if (at < 0) {
+        return;
+    }
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *gone = stack_remove(st, at);
+    if (gone != NULL) {
+        CFrame *f = &((FrameObj *)gone)->f;
+        if (r->pop != NULL && f->kind != K_OFF && f->range_id == NULL && call_hook(r->pop, NULL) < 0) {
+            PyErr_Clear();
+        }
+        Py_DECREF(gone);
+    }
+    PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
+}
+
 static PyObject *
 region_unbound(void)
 {
@@ -2720,10 +2758,19 @@ fail:
     Py_DECREF(store);
     return NULL;
 slow:;
-    PyObject *res = PyObject_CallOneArg(r->enter, (PyObject *)r);
-    if (res == NULL) {
+    StackObj *here = store_stack(store);
+    if (here == NULL) {
         return NULL;
     }
+    Py_INCREF(here);
+    Py_ssize_t depth = here->n;
+    PyObject *res = PyObject_CallOneArg(r->enter, (PyObject *)r);
+    if (res == NULL) {
+        repair_stack(here, r, depth, NULL);
+        Py_DECREF(here);
+        return NULL;
+    }
+    Py_DECREF(here);
     Py_DECREF(res);
     return Py_NewRef((PyObject *)r);
 }
@@ -2818,11 +2865,31 @@ region_exit(RegionObj *r, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     /* A stream or device switch inside the region, another kind of frame, the fast path off:
-     * the general hook. */
+     * the general hook. The frame it should close is noted first, so that if the hook raises
+     * before it pops it (a KeyboardInterrupt from a signal handler, say), it goes anyway. */
+    FrameObj *own = NULL;
+    for (Py_ssize_t i = st->n - 1; i >= 0; i--) {
+        if (ent_frame(&st->e[i])->region == (PyObject *)r) {
+            own = stack_frame_at(st, i);
+            if (own == NULL) {
+                return NULL;
+            }
+            Py_INCREF(own);
+            break;
+        }
+    }
+    Py_INCREF(st);
     PyObject *res = PyObject_CallFunctionObjArgs(r->exit, (PyObject *)r, args[0], NULL);
     if (res == NULL) {
+        if (own != NULL) {
+            repair_stack(st, r, -1, own);
+        }
+        Py_XDECREF(own);
+        Py_DECREF(st);
         return NULL;
     }
+    Py_XDECREF(own);
+    Py_DECREF(st);
     Py_DECREF(res);
     Py_RETURN_NONE;
 }

@@ -4,9 +4,13 @@ regions. Run on the chosen core here and on the other one by the nested suite ru
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
+import linecache
 import os
+import sys
 import threading
+from typing import Any
 
 import pytest
 import torch
@@ -234,3 +238,68 @@ def test_tasks_on_the_fake_gpu_take_the_event_path() -> None:
         ("server/req", "cuda:0", 3),
         ("server/req/inner", "cuda:0", 3),
     ]
+
+
+_PACKAGE = os.path.dirname(cudatimer.__file__)
+
+
+def _interrupted(at: int, body: Any) -> bool:
+    """Run ``body`` with a KeyboardInterrupt raised at the ``at``-th step (a call or a line)
+    of cudatimer's Python code, as a signal handler could; False once ``at`` is past the last
+    step (nothing was interrupted)."""
+    steps = [0]
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        # A `try:` line runs no instruction where CPython checks for signals: not a step.
+        if (
+            event == "line"
+            and linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip() == "try:"
+        ):
+            return local
+        if event in ("call", "line"):
+            steps[0] += 1
+            if steps[0] == at:
+                raise KeyboardInterrupt
+        return local
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if not frame.f_code.co_filename.startswith(_PACKAGE):
+            return None
+        if (
+            frame.f_code.co_name == "__exit__"
+            and event == "call"
+            and "_core_py" in frame.f_code.co_filename
+        ):
+            return local  # the one window the pure-Python core cannot close (see its __exit__)
+        return local(frame, event, arg)
+
+    sys.settrace(tracer)
+    try:
+        body()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+    return steps[0] >= at
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["host-clock", "fake-gpu"])
+def test_an_interrupt_at_any_step_leaves_no_region_open(gpu: bool) -> None:
+    """A KeyboardInterrupt at each step of enter and exit in turn leaves the stack empty."""
+    from tests.fake_cuda import install
+
+    def body() -> None:
+        with t.region("a"), t.region("b"):
+            pass
+
+    with install() if gpu else contextlib.nullcontext():
+        t = cudatimer.Timer(name=f"interrupt-{gpu}")
+        stack = t.recorder.store.stack()
+        at = 1
+        while _interrupted(at, body):
+            assert len(stack) == 0, f"interrupted at step {at}: {stack.frames()}"
+            at += 1
+        assert at > 10  # the steps were there to interrupt (both paths run Python code)
+        with t.region("probe"):
+            pass
+        assert "probe" in t.summary().names and len(stack) == 0
