@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import cudatimer
+from cudatimer import _core
 from tests.subproc import run_python
 
 
@@ -250,12 +251,13 @@ def _interrupted(at: int, body: Any) -> bool:
     steps = [0]
 
     def local(frame: Any, event: str, arg: Any) -> Any:
-        # A `try:` line runs no instruction where CPython checks for signals: not a step.
-        if (
-            event == "line"
-            and linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip() == "try:"
-        ):
-            return local
+        # A `try:` line runs no instruction where CPython checks for signals, and the second
+        # line event of a `with` line is its exit (the lock's release, say), which no signal
+        # can come before either: neither is a step.
+        if event == "line":
+            text = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+            if text == "try:" or text.startswith("with "):
+                return local
         if event in ("call", "line"):
             steps[0] += 1
             if steps[0] == at:
@@ -283,6 +285,7 @@ def _interrupted(at: int, body: Any) -> bool:
     return steps[0] >= at
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("gpu", [False, True], ids=["host-clock", "fake-gpu"])
 def test_an_interrupt_at_any_step_leaves_no_region_open(gpu: bool) -> None:
     """A KeyboardInterrupt at each step of enter and exit in turn leaves the stack empty."""
@@ -298,6 +301,8 @@ def test_an_interrupt_at_any_step_leaves_no_region_open(gpu: bool) -> None:
         at = 1
         while _interrupted(at, body):
             assert len(stack) == 0, f"interrupted at step {at}: {stack.frames()}"
+            lock = getattr(_core, "_LOCK", None)  # the Python core's; the C core has none
+            assert lock is None or not lock.locked(), f"lock left held at step {at}"
             at += 1
         assert at > 10  # the steps were there to interrupt (both paths run Python code)
         with t.region("probe"):
