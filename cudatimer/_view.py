@@ -86,12 +86,19 @@ class View:
             )
         }
         self.stats = sorted(snap.stats, key=lambda s: self.order[(s.slot, s.dev)])
+        self._steps: dict[int, dict[tuple[int, int], tuple[array[float], array[float]]]] | None = (
+            None
+        )
 
     def steps(self) -> dict[int, dict[tuple[int, int], tuple[array[float], array[float]]]]:
-        """Raw samples per kept step: {step: {(slot, dev): (gpu ms, cpu ms)}}."""
+        """Raw samples per kept step: {step: {(slot, dev): (gpu ms, cpu ms)}}, decoded once
+        (a window summary with step records reads them twice)."""
+        if self._steps is not None:
+            return self._steps
         out: dict[int, dict[tuple[int, int], tuple[array[float], array[float]]]] = {
             s: {} for s in self.snap.kept
         }
+        self._steps = out
         for row in self.snap.series:
             gpu, cpu = array("d"), array("d")
             gpu.frombytes(row.gpu_ms)
