@@ -221,6 +221,10 @@ class Store:
         """The calling thread's stack, or the running asyncio task's (tasks interleave on
         one thread; each nests its own regions)."""
 
+    def open_slots(self) -> list[int]:
+        """The slots of the frames open on every stack of this store, and the stacks' bases
+        (what the region tree keeps at ``reset()``)."""
+
     def reset(self) -> None: ...
     def record(
         self,

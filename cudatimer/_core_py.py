@@ -691,6 +691,17 @@ class Store:
             self._task_stack.set(mine)
         return mine
 
+    def open_slots(self) -> list[int]:
+        """The slots of every frame open on any stack of this store, and the stacks' bases:
+        what the region tree must keep when ``reset()`` lets it forget the rest."""
+        slots = []
+        for ref in list(self._stacks):
+            stack = ref()
+            if stack is not None:
+                slots.append(stack.base)
+                slots.extend(frame.slot for frame in list(stack))
+        return slots
+
     def reset(self) -> None:
         with _LOCK:
             self._gen += 1
@@ -861,6 +872,7 @@ class RegionBase:
 
     __slots__ = (
         "_attrs",
+        "_cgen",
         "_cparent",
         "_cslot",
         "_enter_hook",
@@ -895,6 +907,7 @@ class RegionBase:
         self._exit_hook = exit
         self._cparent = -2
         self._cslot = -1
+        self._cgen = -1
 
     def __enter__(self) -> Any:
         store = self._store
@@ -912,11 +925,17 @@ class RegionBase:
             parent = top.slot
         else:
             parent = stack.base
-        if parent == self._cparent:
+        # The generation is read before the slot: reset() prunes the tree, then bumps it, so
+        # a slot taken under a generation is in the tree that generation's samples are read by.
+        gen = store._gen
+        if parent == self._cparent and gen == self._cgen:
             slot = self._cslot
         else:
-            slot = store.child(parent, self._rname)
-            self._cparent, self._cslot = parent, slot
+            try:
+                slot = store.child(parent, self._rname)
+            except KeyError:  # a parent forgotten by a racing reset(): the general path
+                return self._general_enter(stack)
+            self._cparent, self._cslot, self._cgen = parent, slot, gen
         push = self._push
         if push is not None:
             push(self._attrs)
@@ -925,7 +944,7 @@ class RegionBase:
             pool = rec.pool
             start = pool.pop() if pool else rec.make_event()  # rec.take(), written out
             start.record(rec.stream)
-            frame = Frame(self, slot, store._gen, TIMED, rec, start, now_ns())
+            frame = Frame(self, slot, gen, TIMED, rec, start, now_ns())
             stack.append(frame)
         except BaseException:
             # Whatever raises here (a KeyboardInterrupt from a signal handler, raised as a

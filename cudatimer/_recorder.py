@@ -41,6 +41,7 @@ class Region(Protocol):
     counter: Any
     every: int
     warned: int
+    compiled: bool
 
 
 _NAN = math.nan
@@ -106,6 +107,21 @@ class Recorder:
         self.slot_syncs: dict[int, int] = {}
         self.sync_sites: dict[tuple[str, str, int], int] = {}
 
+    def _slot(self, stack: Any, top: Any, name: str) -> int:
+        """The slot of ``name`` under the top of ``stack``. A frame pushed on this thread while
+        another thread's reset() pruned the tree may carry a forgotten slot: the frames are
+        then named again from their regions' names, bottom up, so paths stay whole."""
+        tree = self.tree
+        try:
+            return tree.child(top.slot if top is not None else stack.base, name)
+        except KeyError:
+            parent = stack.base if tree.knows(stack.base) else -1
+            for f in stack.frames():
+                if not tree.knows(f.slot):
+                    f.slot = tree.child(parent, f.region.name)
+                parent = f.slot
+            return tree.child(parent, name)
+
     # -- the general hooks (RegionBase calls them for everything but the common case) --------
     def enter(self, r: Region) -> None:
         if _is_compiling():
@@ -113,8 +129,8 @@ class Recorder:
         store = self.store
         stack = store.stack()
         top = _live_top(stack)
-        slot = self.tree.child(top.slot if top is not None else stack.base, r.name)
-        gen = store.gen
+        gen = store.gen  # before the slot (see reset)
+        slot = self._slot(stack, top, r.name)
         if not store.enabled:
             stack.push(_core.Frame(r, slot, gen, _OFF))
             return
@@ -148,15 +164,16 @@ class Recorder:
         store = self.store
         stack = store.stack()
         top = _live_top(stack)
-        slot = self.tree.child(top.slot if top is not None else stack.base, r.name)
+        gen = store.gen
+        slot = self._slot(stack, top, r.name)
         if not store.enabled:
-            stack.push(_core.Frame(r, slot, store.gen, _OFF))
+            stack.push(_core.Frame(r, slot, gen, _OFF))
             return
         # A frame like any other (inner regions nest under it), without events or host time.
         dev = _device.clock_now(r.events)
         if r.nvtx:
             r.domain.push(r.attrs)
-        stack.push(_core.Frame(r, slot, store.gen, _UNTIMED, dev=dev))
+        stack.push(_core.Frame(r, slot, gen, _UNTIMED, dev=dev))
 
     def exit_block(self, r: Region, exc_type: type[BaseException] | None) -> None:
         """The core's general exit hook: ``exit`` with the block's exception type."""
@@ -183,7 +200,14 @@ class Recorder:
                 f"cudatimer: region {r.name!r} exited on a thread where no region is open "
                 "(was __exit__ called twice, or from another thread than __enter__?)"
             )
-        if top.region is r:
+        if top.region is not r and top.region.compiled and _has_frame(stack, r):
+            # Compiled code that raised between a region's two marks (a kernel error inside a
+            # torch.compile'd call) never ran the exit mark. Nothing else can leave a compiled
+            # region open under an eager one that closes: those frames close here, now.
+            while top is not None and top.region is not r and top.region.compiled:
+                self._finish(stack.pop(), t1, stack.tid)
+                top = stack.top()
+        if top is not None and top.region is r:
             self._finish(stack.pop(), t1, stack.tid)
             return
         frame = stack.take(r)
@@ -210,8 +234,8 @@ class Recorder:
             return None
         stack = store.stack()
         top = stack.top()
-        slot = self.tree.child(top.slot if top is not None else stack.base, r.name)
-        gen = store.gen
+        gen = store.gen  # before the slot (see reset)
+        slot = self._slot(stack, top, r.name)
         rid = r.domain.start(r.attrs) if r.nvtx else None
         if not r.timing:
             return _core.Frame(r, slot, gen, _NVTX, range_id=rid)
@@ -349,7 +373,11 @@ class Recorder:
 
     # -- switches --------------------------------------------------------------------------
     def reset(self) -> None:
+        """Forget every result, and the region paths no open region uses. The tree is pruned
+        before the store's generation moves on, so every slot taken under the new generation
+        (a region's cached slot is checked against it) is in the pruned tree."""
         with _sync_lock:
+            self.tree.prune(self.store.open_slots())
             self.store.reset()
             self.slot_syncs = {}
             self.sync_sites = {}

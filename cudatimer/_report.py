@@ -41,6 +41,20 @@ SORTS = ("total", "mean", "calls", "name", "order")
 # Tree glyphs: ASCII (a report at exit may print to a cp1252 pipe), no '|' (it splits Markdown
 # table cells) and no leading spaces (tabulate strips them).
 _BRANCH, _TRUNK = "+- ", ":  "
+# Text shows at most this many parts of a path, and the tree indents this many levels: a region
+# nested 3000 deep made a 225 MB flat report when every row spelt its whole path. The data
+# (JSON, CSV, DataFrame, the Summary) keep whole paths.
+_PATH_PARTS = 8
+_TREE_LEVELS = 24
+
+
+def elide(path: str) -> str:
+    """``path`` with its middle parts left out past ``_PATH_PARTS`` parts, for text:
+    ``a/b/.../(2993 more)/x/y/z``."""
+    if path.count("/") < _PATH_PARTS:
+        return path
+    parts = path.split("/")
+    return "/".join([*parts[:2], f".../({len(parts) - 5} more)", *parts[-3:]])
 
 
 @dataclass(eq=False)
@@ -136,7 +150,7 @@ _Cell = Callable[[_Row, _Ctx], str]
 
 #: Column key -> (header, cell). ``render(columns=[...])`` picks from these keys.
 COLUMNS: dict[str, tuple[str, _Cell]] = {
-    "region": ("region", lambda row, _: row.r.name),
+    "region": ("region", lambda row, _: elide(row.r.name)),
     "clock": ("clock", lambda row, _: row.r.clock),
     "calls": ("calls", lambda row, _: str(row.r.calls)),
     "gpu_total": ("gpu total ms", lambda row, _: _ms(row.r.gpu_total_ms)),
@@ -320,7 +334,7 @@ def render(
                 up = up.shown_under
         shown = _tree_order(rows, wanted, key)
     else:
-        shown = [(row, row.r.name) for row in sorted(keep, key=key)]
+        shown = [(row, elide(row.r.name)) for row in sorted(keep, key=key)]
     chosen = _columns(columns, view, rows, summary)
     ctx = _Ctx(steps=summary.steps)
     table = [
@@ -346,14 +360,16 @@ def _tree_order(
     explicit stack, not recursion: a run of regions nested 2000 deep renders too."""
     out: list[tuple[_Row, str]] = []
     roots = sorted((r for r in rows if r.shown_under is None and id(r) in wanted), key=key)
-    todo: list[tuple[_Row, str, bool]] = [(root, "", True) for root in reversed(roots)]
+    todo: list[tuple[_Row, str, int]] = [(root, "", 0) for root in reversed(roots)]
     while todo:
-        row, prefix, top = todo.pop()
-        label = row.r.name if row.shown_under is None else row.r.leaf
-        out.append((row, label if top else prefix + _BRANCH + label))
-        below = "" if top else prefix + _TRUNK
+        row, prefix, level = todo.pop()
+        label = elide(row.r.name) if row.shown_under is None else row.r.leaf
+        if level > _TREE_LEVELS:  # the indent stops growing; the level is written instead
+            label = f"[level {level}] {label}"
+        out.append((row, prefix + _BRANCH + label if level else label))
+        below = prefix + _TRUNK if 0 < level <= _TREE_LEVELS else prefix
         kids = sorted((k for k in row.kids if id(k) in wanted), key=key)
-        todo.extend((kid, below, False) for kid in reversed(kids))
+        todo.extend((kid, below, level + 1) for kid in reversed(kids))
     return out
 
 
@@ -361,7 +377,7 @@ def _sync_table(summary: Summary, fmt: str, top: int) -> str:
     sites = sorted(summary.sync_sites, key=lambda s: (-s.count, s.location, s.kind, s.region))
     if not sites or top == 0:
         return ""
-    rows = [[s.location, s.kind, str(s.count), s.region] for s in sites[:top]]
+    rows = [[s.location, s.kind, str(s.count), elide(s.region)] for s in sites[:top]]
     table = tabulate(
         rows,
         headers=["location", "kind", "count", "region"],
@@ -391,6 +407,8 @@ def _notes(
         notes.append(window)
     if meta.get("window_note"):
         notes.append(meta["window_note"])
+    if meta.get("compile_note"):
+        notes.append(meta["compile_note"])
     hidden = len(rows) - len(shown)
     if hidden > 0:
         notes.append(f"{hidden} region(s) hidden by match/min_share")
@@ -399,7 +417,7 @@ def _notes(
             f"bound=host: host time >= {HOST_BOUND_RATIO:g}x GPU time, the host issues this "
             "region's work slower than the GPU runs it (launch/Python bound)"
         )
-    clamped = [row.r.name for row, _ in shown if row.clamped]
+    clamped = [elide(row.r.name) for row, _ in shown if row.clamped]
     if clamped and any(c in chosen for c in ("gpu_self", "cpu_self")):
         notes.append(
             f"children of {', '.join(clamped)} add up to more than the region itself "
@@ -408,7 +426,7 @@ def _notes(
     skipped = sum(r.skipped for r in summary.regions)
     if skipped:
         notes.append(f"{skipped} call(s) had no GPU timing (entered during CUDA graph capture)")
-    sampled = [r.name for r in summary.regions if r.calls > r.cpu.count]
+    sampled = [elide(r.name) for r in summary.regions if r.calls > r.cpu.count]
     if sampled:  # every=N: calls counts all of them, the histograms only the timed ones
         notes.append(
             f"{', '.join(dict.fromkeys(sampled))}: sampled (every=N); times cover the timed "
@@ -496,7 +514,7 @@ def render_compare(
                 verdict = f"{1.0 / q:.2f}x faster"
             else:
                 verdict = f"{q:.2f}x slower"
-        table.append([key[0], key[1], _ms(x), _ms(y), ratio, verdict])
+        table.append([elide(key[0]), key[1], _ms(x), _ms(y), ratio, verdict])
     if not table:
         return "cudatimer: no regions in either run"
     unit = "ms/step" if stat == "per_step" else f"{stat} ms"
@@ -601,7 +619,7 @@ def render_ranks(
             "-" if not ran else (str(ran[0]) if min(ran) == max(ran) else f"{min(ran)}-{max(ran)}")
         )
         return [
-            r.name,
+            elide(r.name),
             r.clock,
             present,
             r.calls,

@@ -475,6 +475,7 @@ typedef struct {
     int fast;
     PyObject *name, *push, *attrs, *pop, *enter, *exit;
     int64_t c_parent, c_slot; /* the slot cache: parent slot -> this region's slot */
+    int64_t c_gen;            /* ... taken under this generation of the store (reset) */
 } RegionObj;
 
 static PyTypeObject FrameType, StackType, RecType, StoreType, RegionBaseType, NullRegionType;
@@ -2263,6 +2264,42 @@ store_orphan_m(StoreObj *s, PyObject *region)
     Py_RETURN_FALSE;
 }
 
+PyDoc_STRVAR(store_open_slots_doc,
+"open_slots() -> list[int]\n\n"
+"The slots of the frames open on every stack of this store, and the stacks' bases (what the\n"
+"region tree keeps at reset()).");
+
+static PyObject *
+store_open_slots_m(StoreObj *s, PyObject *unused)
+{
+    (void)unused;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = s->stacks != NULL ? PyList_GET_SIZE(s->stacks) : 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *st = PyWeakref_GetObject(PyList_GET_ITEM(s->stacks, i)); /* borrowed */
+        if (st == Py_None || !Py_IS_TYPE(st, &StackType)) {
+            continue;
+        }
+        StackObj *stack = (StackObj *)st;
+        /* No Python code runs inside this loop (appending an int runs none), so the stack
+         * cannot change under it. */
+        for (Py_ssize_t k = -1; k < stack->n; k++) {
+            int64_t slot = k < 0 ? stack->base : ent_frame(&stack->e[k])->slot;
+            PyObject *v = PyLong_FromLongLong((long long)slot);
+            if (v == NULL || PyList_Append(out, v) < 0) {
+                Py_XDECREF(v);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(v);
+        }
+    }
+    return out;
+}
+
 static PyObject *
 store_stack_m(StoreObj *s, PyObject *unused)
 {
@@ -2521,6 +2558,7 @@ store_set_enabled(StoreObj *s, PyObject *v, void *c)
 static PyMethodDef store_methods[] = {
     {"stack", (PyCFunction)store_stack_m, METH_NOARGS,
      "The calling thread's stack of open regions of this store."},
+    {"open_slots", (PyCFunction)store_open_slots_m, METH_NOARGS, store_open_slots_doc},
     {"reset", (PyCFunction)store_reset_m, METH_NOARGS,
      "gen += 1, step = 0, statistics, series and trace forgotten (pending samples of the old "
      "gen are dropped when they finish)."},
@@ -2692,6 +2730,9 @@ region_enter(RegionObj *r, PyObject *unused)
         goto fail;
     }
     Py_INCREF(st);
+    /* The generation is read before the slot: reset() prunes the tree, then bumps it, so a
+     * slot taken under a generation is in the tree that generation's samples are read by. */
+    int64_t gen = store->gen;
     int64_t parent = st->base;
     if (st->n) {
         CFrame *top = ent_frame(&st->e[st->n - 1]);
@@ -2703,7 +2744,7 @@ region_enter(RegionObj *r, PyObject *unused)
         }
         parent = top->slot;
     }
-    if (parent != r->c_parent) {
+    if (parent != r->c_parent || gen != r->c_gen) {
         /* The cache missed (first call, or another parent): the store's child names it. */
         if (store->child == NULL) {
             PyErr_SetString(PyExc_RuntimeError, "Store is not initialised");
@@ -2711,7 +2752,16 @@ region_enter(RegionObj *r, PyObject *unused)
         }
         PyObject *res = PyObject_CallFunction(store->child, "LO", (long long)parent, r->name);
         if (res == NULL) {
-            goto fail_st;
+            if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
+                goto fail_st;
+            }
+            /* A parent forgotten by a reset() racing with this enter: the general path
+             * names the stack's frames again. */
+            PyErr_Clear();
+            Py_DECREF(st);
+            Py_DECREF(rec);
+            Py_DECREF(store);
+            goto slow;
         }
         long long slot = PyLong_AsLongLong(res);
         Py_DECREF(res);
@@ -2720,6 +2770,7 @@ region_enter(RegionObj *r, PyObject *unused)
         }
         r->c_parent = parent;
         r->c_slot = slot;
+        r->c_gen = gen;
     }
     int64_t slot = r->c_slot;
     if (r->push != NULL && call_hook(r->push, r->attrs) < 0) {
@@ -2744,7 +2795,7 @@ region_enter(RegionObj *r, PyObject *unused)
     e->f.start_h = ev.h;
     e->f.range_id = NULL;
     e->f.slot = slot;
-    e->f.gen = store->gen;
+    e->f.gen = gen;
     e->f.kind = K_TIMED;
     e->f.dev = -1;
     e->f.t0_ns = mono_ns();
@@ -2920,6 +2971,7 @@ region_bind(RegionObj *r, PyObject *args, PyObject *kwds)
     r->fast = fast;
     r->c_parent = -2; /* as the reference: no parent slot yet */
     r->c_slot = -1;
+    r->c_gen = -1;
     Py_RETURN_NONE;
 }
 

@@ -14,7 +14,6 @@ report is asked.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import math
@@ -27,7 +26,7 @@ from typing import IO, Any, Literal, TypedDict, TypeVar
 import torch
 from typing_extensions import Unpack  # a dependency of torch; imported for get_type_hints
 
-from . import _core, _device
+from . import _compile, _core, _device
 from ._config import DISABLED_AT_IMPORT
 from ._nvtx import Domain, resolve_color
 from ._recorder import Recorder
@@ -151,6 +150,7 @@ class Region(_core.RegionBase):
 
     __slots__ = (
         "attrs",
+        "compiled",
         "counter",
         "domain",
         "events",
@@ -187,6 +187,7 @@ class Region(_core.RegionBase):
         self.timing = mode != "nvtx"  # mode="nvtx": a range in Nsight, nothing recorded
         self.events = self.timing and clock != "host"
         self.warned = 0  # warnings already given for this region (bits, see _recorder)
+        self.compiled = False  # traced into torch.compile'd code (set by _compile)
         # Side streams whose work the GPU time must cover: ((stream key, Stream), ...). Empty
         # for almost every region.
         self.streams = streams
@@ -323,6 +324,12 @@ class Timer:
         >>> r.calls, r.cpu.count
         (8, 2)
         """
+        if _is_dynamo_compiling():
+            # Dynamo traces this call (`with cuda_region(...)` in compiled code). It cannot
+            # enter a Region, but it can a context manager made inside the traced code: the
+            # region's two marks, which run the Region when the compiled code runs.
+            marks: Region = _compile.block(self, name, dict(options))
+            return marks
         plain = True  # no options (or all None): the region is cached by name
         if options:
             unknown = options.keys() - _REGION_OPTIONS
@@ -339,7 +346,7 @@ class Timer:
                 cached = self._regions.get(name)
             except TypeError:
                 cached = None
-            if cached is not None and not _is_dynamo_compiling():
+            if cached is not None:
                 return cached
         return self._region(name, plain, **options)
 
@@ -358,11 +365,6 @@ class Timer:
     ) -> Region:
         """``region`` past its cache: checks the options and makes the region (cached by name
         when ``plain``: no options, or all None)."""
-        if _is_compiling():
-            # Dynamo traces this call (`with cuda_region(...)` in compiled code). It cannot
-            # enter a context manager made outside the traced code (an error under
-            # fullgraph=True), but it can one made inside: the region is left out of the graph.
-            return contextlib.nullcontext()  # type: ignore[return-value]
         if plain:
             if DISABLED_AT_IMPORT:
                 # Cached like a real region, so `with cuda_region("x"):` is one dict hit and
@@ -558,7 +560,13 @@ class Timer:
         for arg, flag in (("step_stats", step_stats), ("trace", trace)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{arg} must be a bool, got {type(flag).__name__}")
-        meta = (("timer", self.name), ("torch", str(torch.__version__)))
+        meta: tuple[tuple[str, str], ...] = (
+            ("timer", self.name),
+            ("torch", str(torch.__version__)),
+        )
+        left_out = _compile.left_out(self)
+        if left_out:
+            meta += (("compile_note", left_out),)
         return self.recorder.summary(
             meta,
             seconds,
@@ -634,7 +642,10 @@ class Timer:
     def reset(self) -> None:
         """Forget every result of this Timer. Samples still on the GPU are discarded when they
         finish (their events go back to the pool); regions open now are not recorded, regions
-        opened from now on are (inside those, too)."""
+        opened from now on are (inside those, too). The Region objects and paths the Timer
+        cached are released (a region held elsewhere, by a decorator, keeps working)."""
+        self._regions = {}
+        self._samplers = {}
         self.recorder.reset()
 
     # -- data and exports (reading only: none of these clears anything) ------------------------

@@ -4,16 +4,32 @@ against it: what the summary, windows, step records and the trace are built from
 from __future__ import annotations
 
 import itertools
+import os
+import threading
 from array import array
+from collections.abc import Iterable
 from typing import Any
+
+# Taken on a cache miss of child() and by prune(), never on a hit. One for every tree, made
+# anew in a forked child (a lock another thread of the parent held would never be released).
+_lock = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 class Tree:
     """The region paths of one Timer as slot numbers (what the core stores samples under).
 
     ``child(parent, name)`` is called by the core on a region's cache miss and by the general
-    path: a dict hit once the path exists. Creation is lock-free under the GIL: a slot number
-    comes from an atomic counter and ``setdefault`` decides which of two racing threads wins.
+    path: a dict hit once the path exists. Slot numbers are never reused, so a slot cached
+    before ``prune()`` can never name another path after it.
     """
 
     __slots__ = ("_ids", "_kids", "children", "info", "paths", "roots")
@@ -27,16 +43,47 @@ class Tree:
         self.paths: dict[int, str] = {}
 
     def child(self, parent: int, name: str) -> int:
+        """The slot of ``name`` under ``parent`` (-1: the root), made on first use. KeyError
+        when ``parent`` was forgotten by a prune() that raced with the region entering it:
+        the caller names it again from its stack (``Recorder``)."""
         slot = self._kids.get((parent, name))
         if slot is not None:
             return slot
-        mine = next(self._ids)
-        depth = 0 if parent < 0 else self.info[parent][2] + 1
-        self.info[mine] = (name, parent, depth)
-        slot = self._kids.setdefault((parent, name), mine)
-        if slot == mine:
-            (self.roots if parent < 0 else self.children.setdefault(parent, [])).append(mine)
-        return slot
+        with _lock:
+            slot = self._kids.get((parent, name))
+            if slot is not None:
+                return slot
+            if parent >= 0 and parent not in self.info:
+                raise KeyError(f"region tree: slot {parent} was forgotten")
+            slot = next(self._ids)
+            depth = 0 if parent < 0 else self.info[parent][2] + 1
+            self._add(slot, (name, parent, depth))
+            return slot
+
+    def _add(self, slot: int, entry: tuple[str, int, int]) -> None:
+        self.info[slot] = entry
+        self._kids[(entry[1], entry[0])] = slot
+        (self.roots if entry[1] < 0 else self.children.setdefault(entry[1], [])).append(slot)
+
+    def knows(self, slot: int) -> bool:
+        return slot < 0 or slot in self.info
+
+    def prune(self, keep: Iterable[int]) -> None:
+        """Forget every path but those of ``keep`` and their parents (``reset()``: the slots
+        of regions still open). Memory then follows the paths used since, not all ever seen."""
+        with _lock:
+            info = self.info
+            live: dict[int, tuple[str, int, int]] = {}
+            for slot in keep:
+                while slot >= 0 and slot not in live:
+                    entry = info.get(slot)
+                    if entry is None:
+                        break
+                    live[slot] = entry
+                    slot = entry[1]
+            self.info, self._kids, self.children, self.roots, self.paths = {}, {}, {}, [], {}
+            for slot in sorted(live):  # creation order: siblings stay in the order they ran
+                self._add(slot, live[slot])
 
     def path(self, slot: int) -> str:
         """``outer/inner`` of a slot, built when first asked (reports), never on the hot path;

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
+from . import _compile
 from ._config import DISABLED_AT_IMPORT
 
 # Folded to True by Dynamo while it traces (a decorated function inlined into compiled code);
@@ -162,7 +163,9 @@ def wrap(fn: Any, region: Region, entry: bool = True) -> Any:
 
     @functools.wraps(fn)
     def timed_function(*args: Any, **kwargs: Any) -> Any:
-        if not store.enabled or _is_dynamo_compiling():  # inlined by Dynamo: no region
+        if _is_dynamo_compiling():  # inlined into traced code: the region's marks go in
+            return _compile.call(region, call, args, kwargs)
+        if not store.enabled:
             return call(*args, **kwargs)
         r_enter()
         try:

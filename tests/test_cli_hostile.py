@@ -113,7 +113,7 @@ def test_closed_stdout_exits_quietly(runs: dict[str, str], argv: list[str]) -> N
 def test_show_into_head(tmp_path: Path) -> None:
     """`cudatimer show RUN | head -1`: head gets the first line, cudatimer exits 141 quietly."""
     path = tmp_path / "deep.json"
-    save(deep_run(300), path)  # a report of several hundred kilobytes: more than a pipe holds
+    save(deep_run(2000), path)  # a report of over 200 kilobytes: more than a pipe holds
     proc = subprocess.Popen(
         [sys.executable, "-m", "cudatimer", "show", str(path)],
         stdout=subprocess.PIPE,
@@ -173,4 +173,5 @@ def test_deep_recursion_run_tree_view(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["show", str(path), "--view", "tree"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == DEEP + 2 and lines[2].split()[0] == "f"
-    assert lines[-1].split()[DEEP - 2 : DEEP] == ["+-", "f"]  # under 1998 trunk marks
+    # The indent stops at 24 levels; deeper rows say their level.
+    assert lines[-1].split()[24:28] == ["+-", "[level", f"{DEEP - 1}]", "f"]

@@ -1,7 +1,7 @@
 """torch.compile on the CPU: decorated functions and modules compiled as a whole are timed
-around the compiled call; regions inside compiled code are left out of the graph; nothing
-crashes, with fullgraph=True or False. The matrix uses the "eager" backend (Dynamo without code
-generation, fast); two small cases go through inductor."""
+around the compiled call; regions inside compiled code are timed per call through the
+``cudatimer::enter``/``exit`` marks, with no graph break, fullgraph=True or False, on the
+"eager", "aot_eager" and "inductor" backends, forward and backward."""
 
 from __future__ import annotations
 
@@ -79,10 +79,15 @@ def test_compiled_decorated_module_is_timed_around_the_compiled_call(
     assert calls(t) == {"net": 3}
 
 
+BACKENDS = ["eager", "aot_eager", "inductor"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fullgraph", [False, True])
-def test_decorated_function_inlined_in_compiled_code_is_left_out(fullgraph: bool) -> None:
-    """Called from code Dynamo traces, a decorated function's region is left out of the graph:
-    no crash, no graph break, no call counted."""
+def test_decorated_function_inlined_in_compiled_code_is_timed(
+    fullgraph: bool, backend: str
+) -> None:
+    """Called from code Dynamo traces, a decorated function is timed on every call."""
     t = Timer(name="inlined")
 
     @t.timed("inner")
@@ -92,30 +97,32 @@ def test_decorated_function_inlined_in_compiled_code_is_left_out(fullgraph: bool
     def outer(x: torch.Tensor) -> torch.Tensor:
         return inner(x) * 3
 
-    compiled = torch.compile(outer, backend="eager", fullgraph=fullgraph)
+    compiled = torch.compile(outer, backend=backend, fullgraph=fullgraph)
     assert torch.equal(run(compiled), (torch.ones(2, 4) + 1) * 3)
-    assert calls(t) == {}
+    assert calls(t) == {"inner": 3}
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fullgraph", [False, True])
-def test_region_inside_compiled_code_is_left_out_without_graph_break(fullgraph: bool) -> None:
-    """`with cuda_region(name):` inside compiled code is a no-op in the graph, with
-    fullgraph=True too, and does not break the graph."""
+def test_region_inside_compiled_code_is_timed_without_graph_break(
+    fullgraph: bool, backend: str
+) -> None:
+    """`with cuda_region(name):` inside compiled code: timed per call, no graph break."""
 
     def fn(x: torch.Tensor) -> torch.Tensor:
         with cudatimer.cuda_region("inside"):
             y = x.sin()
         return y + 1
 
-    compiled = torch.compile(fn, backend="eager", fullgraph=fullgraph)
+    compiled = torch.compile(fn, backend=backend, fullgraph=fullgraph)
     assert torch.equal(run(compiled), torch.ones(2, 4).sin() + 1)
-    assert cudatimer.summary().regions == ()
+    assert calls(cudatimer.default_timer()) == {"inside": 3}
     torch._dynamo.reset()
     assert torch._dynamo.explain(fn)(torch.ones(2, 4)).graph_break_count == 0
 
 
 def test_graph_break_inside_a_region_in_compiled_code() -> None:
-    """A graph break inside a region's block in compiled code is handled by Dynamo."""
+    """A graph break inside a region's block in compiled code: still one call per call."""
 
     def fn(x: torch.Tensor) -> torch.Tensor:
         with cudatimer.cuda_region("broken"):
@@ -124,9 +131,9 @@ def test_graph_break_inside_a_region_in_compiled_code() -> None:
             y = y + 1
         return y
 
-    compiled = torch.compile(fn, backend="eager")
+    compiled = torch.compile(fn, backend="aot_eager")
     assert torch.equal(run(compiled), torch.full((2, 4), 3.0))
-    assert cudatimer.summary().regions == ()
+    assert calls(cudatimer.default_timer()) == {"broken": 3}
 
 
 def test_region_object_made_outside_runs_eagerly_without_fullgraph() -> None:
@@ -143,14 +150,14 @@ def test_region_object_made_outside_runs_eagerly_without_fullgraph() -> None:
 
 
 @pytest.mark.parametrize("fullgraph", [False, True])
-def test_sampled_and_instrumented_model_compiled(fullgraph: bool) -> None:
-    """An instrumented model compiled as a whole: the model's region times each compiled
-    call; its submodules' regions are inside the graph and left out."""
+def test_instrumented_model_compiled_times_every_module(fullgraph: bool) -> None:
+    """An instrumented model compiled as a whole: the model's region times each compiled call,
+    and each submodule's region, inside the graph, each of its calls."""
     t = Timer(name="instrumented-compiled")
     net = Net()
     with cudatimer.instrument(net, timer=t):
         run(torch.compile(net, backend="eager", fullgraph=fullgraph))
-    assert calls(t) == {"Net": 3}
+    assert calls(t) == {"Net": 3, "Net/lin": 3, "Net/act": 3}
 
 
 @pytest.mark.parametrize("fullgraph", [False, True])
@@ -164,7 +171,7 @@ def test_torch_builtin_module_timed_and_compiled_is_really_compiled(fullgraph: b
     with cudatimer.instrument(seq, timer=t), torch.no_grad():
         run(torch.compile(seq, backend="eager", fullgraph=fullgraph))
         run(torch.compile(lin, backend="eager", fullgraph=fullgraph))
-    assert calls(t) == {"Sequential": 3, "lin": 3}
+    assert calls(t) == {"Sequential": 3, "Sequential/0": 3, "Sequential/1": 3, "lin": 3}
     assert dynamo.utils.counters["stats"]["unique_graphs"] >= 2
 
 
@@ -185,6 +192,7 @@ def test_inductor_compiled_function_fullgraph() -> None:
     compiled = torch.compile(fn, backend="inductor", fullgraph=True)
     assert torch.allclose(run(compiled), torch.ones(2, 4).cos() * 2)
     assert calls(t) == {"fn": 3}
+    assert calls(cudatimer.default_timer()) == {"inside": 3}  # the default timer's region
 
 
 def test_inductor_compiled_module_default_mode() -> None:
@@ -196,3 +204,225 @@ def test_inductor_compiled_module_default_mode() -> None:
     t.reset()
     assert torch.allclose(run(compiled), expected)
     assert calls(t) == {"net": 3}
+
+
+class Block(torch.nn.Module):
+    """Linear -> GELU -> Linear with a `with` region around the first two."""
+
+    def __init__(self, timer: Timer) -> None:
+        super().__init__()
+        self.timer = timer
+        self.up = torch.nn.Linear(8, 16)
+        self.act = torch.nn.GELU()
+        self.down = torch.nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with self.timer.region("mlp_in"):
+            h = self.act(self.up(x))
+        return self.down(h) + x
+
+
+class Tower(torch.nn.Module):
+    def __init__(self, timer: Timer, n: int = 3) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block(timer) for _ in range(n))
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _train(model: torch.nn.Module, fn: Callable[..., Any], sizes: list[int]) -> list[Any]:
+    """Forward and backward at each batch size; the outputs and the gradients, in order."""
+    got: list[Any] = []
+    torch.manual_seed(0)
+    for n in sizes:
+        x = torch.randn(n, 8)
+        out = fn(x)
+        out.square().mean().backward()
+        got.append(out.detach())
+        got.extend(p.grad.detach().clone() for p in model.parameters() if p.grad is not None)
+        model.zero_grad()
+    return got
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("fullgraph", [False, True])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_compiled_training_counts_like_eager_and_changes_nothing(
+    backend: str, fullgraph: bool, dynamic: bool
+) -> None:
+    """Forward and backward through a compiled instrumented model: the regions of eager mode
+    with the same call counts, outputs and gradients as the uninstrumented compiled model,
+    no graph break, and no more recompiles than without regions."""
+    sizes = [4, 4, 6, 6, 9] if dynamic else [4, 4, 4]
+    eager_t = Timer(name="eager")
+    eager = Tower(eager_t)
+    with cudatimer.instrument(eager, timer=eager_t):
+        _train(eager, eager, sizes)
+
+    plain_t = Timer(name="plain", enabled=False)  # its `with` regions record nothing
+    plain = Tower(plain_t)
+    timed_t = Timer(name="compiled")
+    timed = Tower(timed_t)
+    timed.load_state_dict(plain.state_dict())
+
+    stats = dynamo.utils.counters["stats"]
+    torch._dynamo.reset()
+    before = stats["unique_graphs"]
+    compiled = torch.compile(plain, backend=backend, fullgraph=fullgraph, dynamic=dynamic)
+    want = _train(plain, compiled, sizes)
+    graphs_plain = stats["unique_graphs"] - before
+    torch._dynamo.reset()
+    before = stats["unique_graphs"]
+    with cudatimer.instrument(timed, timer=timed_t):
+        compiled = torch.compile(timed, backend=backend, fullgraph=fullgraph, dynamic=dynamic)
+        got = _train(timed, compiled, sizes)
+    graphs_timed = stats["unique_graphs"] - before
+    assert dynamo.utils.counters["graph_break"] == {}
+
+    assert [(r.name, r.calls) for r in timed_t.summary().regions] == [
+        (r.name, r.calls) for r in eager_t.summary().regions
+    ]
+    assert timed_t.summary()["Tower/blocks.2/mlp_in/act"].calls == len(sizes)
+    assert graphs_timed == graphs_plain
+    for a, b in zip(got, want, strict=True):
+        if backend == "aot_eager":
+            assert torch.equal(a, b)  # no fusion to split: bitwise
+        else:
+            torch.testing.assert_close(a, b)
+
+
+def _order_in(code: str, words: list[str]) -> list[str]:
+    """The lines of generated code's call() that mention any of ``words``, in order."""
+    body = code[code.index("def call(") :]
+    return [w for line in body.splitlines() for w in words if w in line]
+
+
+def test_inductor_keeps_a_decorated_call_between_its_marks() -> None:
+    """Inductor's code calls a decorated function's enter mark, then its kernel, then its exit
+    mark; a pointwise op of the next call fused into that kernel is timed in the first call."""
+    from torch._inductor.utils import run_and_get_code
+
+    t = Timer(name="order")
+
+    @t.timed("first")
+    def first(x: torch.Tensor) -> torch.Tensor:
+        return x.sin()
+
+    @t.timed("second")
+    def second(y: torch.Tensor) -> torch.Tensor:
+        return y.cos()
+
+    @t.timed("third")
+    def third(z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return z @ w
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return third(second(first(x)), w)
+
+    x, w = torch.randn(32, 32), torch.randn(32, 32)
+    out, codes = run_and_get_code(torch.compile(fn, fullgraph=True), x, w)
+    torch.testing.assert_close(out, x.sin().cos() @ w)
+    order = _order_in(codes[0], ["cudatimer.enter", "cudatimer.exit", "cpp_fused", "mm("])
+    # sin and cos fused into one kernel, which runs inside "first" (the exit mark of "first"
+    # needs its output); the matmul runs between the marks of "third".
+    assert order == [
+        "cudatimer.enter",
+        "cpp_fused",
+        "cudatimer.exit",
+        "cudatimer.enter",
+        "cudatimer.exit",
+        "cudatimer.enter",
+        "mm(",
+        "cudatimer.exit",
+    ]
+    assert calls(t) == {"first": 1, "second": 1, "third": 1}
+
+
+def test_marks_of_with_blocks_keep_their_order() -> None:
+    """`with` blocks in Inductor's code: each enter mark before its exit mark, blocks in
+    program order (their kernels may move: a block declares no outputs)."""
+    from torch._inductor.utils import run_and_get_code
+
+    t = Timer(name="blocks")
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        with t.region("a"):
+            x = x.sin()
+        with t.region("b"):
+            x = x.cos()
+        return x
+
+    _, codes = run_and_get_code(torch.compile(fn, fullgraph=True), torch.randn(8))
+    body = codes[0][codes[0].index("def call(") :]
+    marks = [
+        line.split("(", 1)[1].split(",")[0] for line in body.splitlines() if "cudatimer." in line
+    ]
+    keys = [int(k) for k in marks]
+    assert len(keys) == 4 and keys[0] == keys[1] and keys[2] == keys[3] and keys[0] != keys[2]
+    assert ["enter" in line for line in body.splitlines() if "cudatimer." in line] == [
+        True,
+        False,
+        True,
+        False,
+    ]
+    assert calls(t) == {"a": 1, "b": 1}
+
+
+def test_an_error_inside_compiled_code_leaves_no_region_open() -> None:
+    """A kernel error between a compiled region's marks: the region closes as the exception
+    passes the eager region around it; later regions nest at the right place."""
+    t = Timer(name="error")
+
+    @t.timed("inner")
+    def inner(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return x.index_select(0, idx) * 2
+
+    compiled = torch.compile(lambda x, i: inner(x, i) + 1, backend="aot_eager", fullgraph=True)
+    with t.region("outer"):
+        compiled(torch.ones(3), torch.tensor([0, 1]))
+    with pytest.raises(IndexError), t.region("outer"):
+        compiled(torch.ones(3), torch.tensor([0, 7]))
+    with t.region("after"):
+        pass
+    s = t.summary()
+    assert [(r.name, r.calls) for r in s.regions] == [
+        ("outer", 2),
+        ("outer/inner", 2),
+        ("after", 1),
+    ]
+    assert s.open == 0
+
+
+def test_without_the_marks_regions_are_left_out_and_the_report_says_so() -> None:
+    """CUDATIMER_COMPILE=0 (or a torch without the mechanism): regions inside compiled code
+    do nothing, and the report says once how many were traced untimed, and why."""
+    from tests.subproc import run_python
+
+    code = """
+        import io, torch, cudatimer
+        @cudatimer.cuda_timed(name="inner")
+        def inner(x):
+            return x + 1
+        def fn(x):
+            with cudatimer.cuda_region("block"):
+                x = x * 2
+            return inner(x)
+        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+        for _ in range(3):
+            compiled(torch.ones(2))
+        inner(torch.ones(2))
+        print([(r.name, r.calls) for r in cudatimer.summary().regions])
+        print(cudatimer.report(file=io.StringIO()).splitlines()[-1])
+    """
+    done = run_python(code, {"CUDATIMER_COMPILE": "0"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "[('inner', 1)]"
+    assert lines[1] == (
+        "note: 2 region(s) traced into torch.compile'd code are not timed there "
+        "(CUDATIMER_COMPILE=0 is set); they time the calls that run eagerly"
+    )

@@ -10,6 +10,7 @@ import linecache
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -96,6 +97,100 @@ def test_reset_from_another_thread_keeps_regions_opened_after_it() -> None:
     assert sum(x.calls for x in s.step_stats) == 3
 
 
+def test_reset_releases_the_regions_and_paths_it_makes_unreachable() -> None:
+    """2x10^4 distinct names with a reset() every 1000 hold what 1000 hold, not all of them."""
+    import gc
+    import tracemalloc
+
+    timer = cudatimer.Timer(name="churn")
+
+    def churn(first: int, count: int) -> None:
+        for i in range(first, first + count):
+            with timer.region(f"name-{i}"), timer.region("inner"):
+                pass
+            if i % 1000 == 999:
+                timer.reset()
+
+    churn(0, 2000)  # caches, pools and interned strings warmed
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        churn(2000, 20000)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # Kept, two regions and two paths per name cost ~1.1 KB: 22 MB here. Released: the last
+    # 1000 names and the previous generation's paths, well under 1 MB.
+    assert grown < 1_000_000, f"{grown / 1e6:.1f} MB held after 20 resets"
+    assert timer.summary().regions == ()  # the last reset came after the last region
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["host-clock", "fake-gpu"])
+def test_a_region_held_across_reset_nests_where_it_runs_now(gpu: bool) -> None:
+    """A decorated function timed before reset() (at the root, under "a") and after it."""
+    from tests.fake_cuda import install
+
+    with install() if gpu else contextlib.nullcontext():
+        timer = cudatimer.Timer(name="held")
+
+        @timer.region("f")
+        def f() -> None:
+            pass
+
+        for _ in range(3):
+            with timer.region("a"):
+                f()
+            f()  # the region's cached slot is the root's "f", which the reset forgets
+        timer.reset()
+        f()
+        with timer.region("b"):
+            f()
+        s = timer.summary(step_stats=True, trace=True)
+    assert s.names == ("f", "b", "b/f")
+    assert [(x.name, x.calls) for x in s.step_stats] == [("f", 1), ("b", 1), ("b/f", 1)]
+    assert sorted(x.name for x in s.trace) == ["b", "b/f", "f"]
+
+
+def test_resets_racing_with_regions_on_other_threads_lose_no_path() -> None:
+    """Threads nesting regions while another thread resets 200 times: every report reads."""
+    timer = cudatimer.Timer(name="race")
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    rounds = [0, 0, 0]
+
+    def work(k: int) -> None:
+        try:
+            while not stop.is_set():
+                with timer.region(f"t{k}"), timer.region("mid"), timer.region(f"leaf{k % 2}"):
+                    pass
+                rounds[k] += 1
+        except BaseException as e:  # pragma: no cover - the assertion below shows it
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(200):
+            timer.reset()
+            timer.summary(step_stats=True, trace=True)
+        seen = list(rounds)  # each thread goes twice round after the last reset
+        while any(now < then + 2 for now, then in zip(rounds, seen, strict=True)) and not errors:
+            time.sleep(0.001)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    s = timer.summary(step_stats=True, trace=True)
+    allowed = {f"t{k}" for k in range(3)}
+    allowed |= {f"t{k}/mid" for k in range(3)} | {f"t{k}/mid/leaf{k % 2}" for k in range(3)}
+    assert set(s.names) <= allowed and sum(r.calls for r in s.regions) > 0
+    assert {x.name for x in s.step_stats} <= allowed
+
+
 def test_summary_of_a_deep_recursion_needs_no_deep_stack() -> None:
     """Paths of regions nested 1500 deep are built without recursion (default limit)."""
     import sys
@@ -114,6 +209,39 @@ def test_summary_of_a_deep_recursion_needs_no_deep_stack() -> None:
     s = cudatimer.summary()
     assert len(s.regions) == 1500 and s.regions[-1].depth == 1499
     assert s.regions[-1].name == "/".join(["r"] * 1500)
+
+
+def test_text_reports_of_a_deep_recursion_stay_small() -> None:
+    """3000 nested regions: every text row is short; the data keep whole paths."""
+    timer = cudatimer.Timer(name="deep")
+    region = timer.region("recurse")
+
+    def recurse(n: int) -> None:
+        with region:
+            if n:
+                recurse(n - 1)
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10000))
+    try:
+        recurse(2999)
+    finally:
+        sys.setrecursionlimit(limit)
+    s = timer.summary()
+    assert s.regions[-1].name == "/".join(["recurse"] * 3000)  # the data: whole
+
+    def text(**options: Any) -> str:
+        return timer.report(summary=s, file=io.StringIO(), **options)
+
+    for view in ("flat", "tree"):
+        lines = text(view=view).splitlines()
+        assert len(lines) >= 3000
+        # Whole paths or a growing indent would make rows of up to 24 KB (3000 x 8 chars).
+        assert max(map(len, lines)) < 400, (view, max(map(len, lines)))
+    flat = text(view="flat", sort="order")
+    assert "recurse/recurse/.../(2995 more)/recurse/recurse/recurse " in flat
+    assert flat.splitlines()[2].split()[0] == "recurse"
+    assert "[level 2999] recurse" in text(view="tree")
 
 
 def _double(x: torch.Tensor) -> torch.Tensor:

@@ -212,6 +212,29 @@ def test_nested_regions_exact_sequence(nvtx_tool: Path) -> None:
     assert [r for r in recs if r.kind in ("push", "pop") and r.domain != "cudatimer"] == []
 
 
+def test_regions_inside_compiled_code_push_and_pop(nvtx_tool: Path) -> None:
+    """Regions inside torch.compile'd code (inductor) push and pop their ranges on every call,
+    nested under the eager region around the compiled call."""
+    recs = run_with_injection(
+        """
+        import torch, cudatimer
+        @cudatimer.cuda_timed(name="inner")
+        def inner(x):
+            return x.sin()
+        def fn(x):
+            with cudatimer.cuda_region("block"):
+                x = x * 2
+            return inner(x)
+        compiled = torch.compile(fn, backend="inductor", fullgraph=True)
+        for _ in range(2):
+            with cudatimer.cuda_region("step"):
+                compiled(torch.ones(4))
+        """
+    )
+    assert trace(recs) == ["+step", "+block", "-block", "+inner", "-inner", "-step"] * 2
+    assert_balanced(recs)
+
+
 def test_timer_domain_option(nvtx_tool: Path) -> None:
     """Timer(domain=...) puts its ranges in that domain, not in cudatimer's."""
     recs = run_with_injection(

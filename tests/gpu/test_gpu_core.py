@@ -121,9 +121,10 @@ def test_hot_path_never_synchronizes() -> None:
     assert control.get("cudaDeviceSynchronize", 0) >= 1, control
     for name in SYNC_CALLS:
         assert with_regions.get(name, 0) == base.get(name, 0), (name, with_regions, base)
-    assert with_regions.get("cudaEventRecord", 0) + with_regions.get(
-        "cudaEventRecordWithFlags", 0
-    ) >= 2 * 50 * 9
+    assert (
+        with_regions.get("cudaEventRecord", 0) + with_regions.get("cudaEventRecordWithFlags", 0)
+        >= 2 * 50 * 9
+    )
     s = timer.summary()
     assert s["step/layer"].calls == 8 * 50 + 8 * 50  # warm-up run + profiled run
     assert s["step"].calls == 100

@@ -1,0 +1,210 @@
+"""Regions inside ``torch.compile``d code: the compiled-graph boundary source.
+
+While Dynamo traces, a region becomes two custom ops, ``cudatimer::enter(key, deps)`` and
+``cudatimer::exit(key, deps)``, registered as ordered side effects: Dynamo keeps them with
+``fullgraph=True`` and adds no graph break, AOTAutograd threads an effect token through them so
+they stay in program order, and Inductor calls them from its generated code. Their bodies run
+the region's own ``__enter__``/``__exit__`` when the compiled code runs, so a compiled region
+records what an eager one does (events on the current stream, the NVTX range, the thread's
+stack) and nests under whatever region is open when the compiled call runs.
+
+Order against the compiled work comes from data: Inductor schedules by dependencies, and with
+none it ran every mark before the first kernel (measured, torch 2.13 CPU). A decorated
+function's or module's marks therefore take the call's tensor arguments (``enter``) and the
+tensors it returns (``exit``): nothing the call computes can run after its exit mark, and
+Inductor kept the rest in program order. Work it fuses across a boundary (a pointwise op of the
+next region folded into this region's kernel) is timed in the region whose kernel runs it. A
+``with`` block has no declared outputs: its marks keep their order among the other marks, and
+Inductor may move the block's kernels across them (decorate a function for exact boundaries).
+
+Inside a CUDA graph capture (``mode="reduce-overhead"``) the bodies run during warm-up and
+capture, never on replay: a region entered while its stream captures is counted as skipped,
+as in eager code (timing replays is a separate boundary source).
+
+Where the mechanism is missing (a torch without ``torch.library.custom_op`` or ordered effects)
+or switched off (``CUDATIMER_COMPILE=0``), regions inside compiled code do nothing, as before,
+and each Timer's report says once how many regions were traced into compiled code untimed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import torch
+
+from ._config import env_flag
+
+__all__ = ["REASON", "SUPPORTED", "block", "call", "key_of", "left_out"]
+
+# key -> Region; a region traced into compiled code stays alive as long as the code may run.
+_REGIONS: list[Any] = []
+_KEYS: dict[int, int] = {}  # id(region) -> key
+_LEFT_OUT: dict[int, int] = {}  # id(timer) -> regions traced while the mechanism is off
+_lock = threading.Lock()
+_MAX_DEPS = 16  # tensors a mark depends on (a few levels into tuples, lists and dicts)
+
+
+def key_of(region: Any) -> int:
+    """The key the marks of ``region`` carry (assigned once, when it is first traced)."""
+    key = _KEYS.get(id(region))
+    if key is None:
+        with _lock:
+            key = _KEYS.get(id(region))
+            if key is None:
+                key = len(_REGIONS)
+                region.compiled = True  # its frames may be left open by compiled code
+                _REGIONS.append(region)
+                _KEYS[id(region)] = key
+    return key
+
+
+def _enter_body(key: int, deps: list[torch.Tensor]) -> None:
+    _REGIONS[key].__enter__()
+
+
+def _exit_body(key: int, deps: list[torch.Tensor]) -> None:
+    _REGIONS[key].__exit__(None, None, None)
+
+
+def _no_op(key: int, deps: list[torch.Tensor]) -> None:
+    """The ops' fake kernel: tracing with fake tensors records nothing."""
+
+
+def _order(op: Any) -> bool:
+    """Register ``op`` as an ordered side effect, by whichever API this torch has (it moved
+    between versions); False when none is there."""
+    try:
+        from torch._higher_order_ops import effects
+    except ImportError:
+        return False
+    kind = getattr(getattr(effects, "EffectType", None), "ORDERED", None)
+    if kind is None:
+        return False
+    for register in (
+        getattr(effects, "_register_effectful_op", None),
+        getattr(torch.library, "_register_effectful_op", None),
+    ):
+        if register is not None:
+            try:
+                register(op, kind)
+                return True
+            except Exception:
+                continue
+    table = getattr(effects, "SIDE_EFFECTS", None)
+    if isinstance(table, dict):
+        table[op] = kind
+        return True
+    return False
+
+
+def _define() -> tuple[Any, Any, str]:
+    """The enter and exit ops, or (None, None, why not)."""
+    if not env_flag("CUDATIMER_COMPILE", default=True):
+        return None, None, "CUDATIMER_COMPILE=0 is set"
+    custom_op = getattr(torch.library, "custom_op", None)
+    if custom_op is None:
+        return None, None, f"torch {torch.__version__} has no torch.library.custom_op (2.4+)"
+    try:
+        enter = custom_op("cudatimer::enter", _enter_body, mutates_args=())
+        exit_ = custom_op("cudatimer::exit", _exit_body, mutates_args=())
+        for op in (enter, exit_):
+            op.register_fake(_no_op)
+    except Exception as e:
+        return None, None, f"torch {torch.__version__} could not define the marks ({e})"
+    ops = (torch.ops.cudatimer.enter.default, torch.ops.cudatimer.exit.default)
+    if not all(_order(op) for op in ops):
+        return None, None, f"torch {torch.__version__} has no ordered custom-op effects"
+    return ops[0], ops[1], ""
+
+
+_ENTER, _EXIT, REASON = _define()
+#: True when regions inside compiled code are timed (else ``REASON`` says why not).
+SUPPORTED: bool = _ENTER is not None
+
+
+def _tensors(obj: Any, found: list[torch.Tensor], depth: int = 0) -> None:
+    if len(found) >= _MAX_DEPS:
+        return
+    if isinstance(obj, torch.Tensor):
+        found.append(obj)
+    elif depth < 3 and isinstance(obj, (tuple, list)):
+        for item in obj:
+            _tensors(item, found, depth + 1)
+    elif depth < 3 and isinstance(obj, dict):
+        for item in obj.values():
+            _tensors(item, found, depth + 1)
+
+
+_F = TypeVar("_F", bound=Callable[..., int])
+# Runs the function for real while Dynamo traces and puts its result in the graph as a constant
+# (no guard on what it read): the key lookup costs nothing at run time and adds no recompile.
+_constant = cast(Callable[[_F], _F], torch.compiler.assume_constant_result)
+
+
+class _Marks:
+    """A region as Dynamo sees it inside a ``with`` block: the two marks, nothing else."""
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+
+    def __enter__(self) -> _Marks:
+        _ENTER(self.key, [])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _EXIT(self.key, [])
+
+
+@_constant
+def _block_key(timer: Any, name: str, options: tuple[tuple[str, Any], ...]) -> int:
+    return key_of(timer.region(name, **dict(options)))
+
+
+@_constant
+def _note_left_out(timer: Any) -> int:
+    _LEFT_OUT[id(timer)] = _LEFT_OUT.get(id(timer), 0) + 1
+    return 0
+
+
+def block(timer: Any, name: str, options: dict[str, Any]) -> Any:
+    """What ``timer.region(name, **options)`` returns while Dynamo traces."""
+    if not SUPPORTED:
+        _note_left_out(timer)
+        return contextlib.nullcontext()
+    return _Marks(_block_key(timer, name, tuple(options.items())))
+
+
+@_constant
+def _region_key(region: Any) -> int:
+    return key_of(region)
+
+
+def call(region: Any, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """A decorated callable inlined into traced code: its marks around the call, depending on
+    its tensor arguments and results."""
+    if not SUPPORTED:
+        _note_left_out(region.timer)
+        return fn(*args, **kwargs)
+    key = _region_key(region)
+    deps: list[torch.Tensor] = []
+    _tensors((args, kwargs), deps)
+    _ENTER(key, deps)
+    out = fn(*args, **kwargs)
+    deps = []
+    _tensors(out, deps)
+    _EXIT(key, deps)
+    return out
+
+
+def left_out(timer: Any) -> str:
+    """The report's note for ``timer`` ("" when no region was left out)."""
+    n = _LEFT_OUT.get(id(timer), 0)
+    if not n:
+        return ""
+    return (
+        f"{n} region(s) traced into torch.compile'd code are not timed there ({REASON}); "
+        "they time the calls that run eagerly"
+    )
