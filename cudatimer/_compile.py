@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -37,18 +38,20 @@ import torch
 
 from ._config import env_flag
 
-__all__ = ["REASON", "SUPPORTED", "block", "call", "key_of", "left_out"]
+__all__ = ["REASON", "SUPPORTED", "block", "call", "key_of", "left_out", "timer_key"]
 
 # key -> Region; a region traced into compiled code stays alive as long as the code may run.
 _REGIONS: list[Any] = []
 _KEYS: dict[int, int] = {}  # id(region) -> key
-_LEFT_OUT: dict[int, int] = {}  # id(timer) -> regions traced while the mechanism is off
+_TIMERS: list[weakref.ref[Any]] = []  # timer_key -> Timer
+_LEFT_OUT: dict[int, int] = {}  # timer_key -> regions traced while the mechanism is off
 _lock = threading.Lock()
 _MAX_DEPS = 16  # tensors a mark depends on (a few levels into tuples, lists and dicts)
 
 
 def key_of(region: Any) -> int:
-    """The key the marks of ``region`` carry (assigned once, when it is first traced)."""
+    """The key the marks of ``region`` carry (assigned once: when a callable is decorated
+    with it, or when Dynamo first traces it in a ``with`` block)."""
     key = _KEYS.get(id(region))
     if key is None:
         with _lock:
@@ -59,6 +62,14 @@ def key_of(region: Any) -> int:
                 _REGIONS.append(region)
                 _KEYS[id(region)] = key
     return key
+
+
+def timer_key(timer: Any) -> int:
+    """A Timer's number here (Dynamo's constant folding takes ints and strings, not
+    objects: torch 2.11 refused a Timer as an argument of an assume_constant_result function)."""
+    with _lock:
+        _TIMERS.append(weakref.ref(timer))
+        return len(_TIMERS) - 1
 
 
 def _enter_body(key: int, deps: list[torch.Tensor]) -> None:
@@ -159,36 +170,34 @@ class _Marks:
 
 
 @_constant
-def _block_key(timer: Any, name: str, options: tuple[tuple[str, Any], ...]) -> int:
-    return key_of(timer.region(name, **dict(options)))
+def _block_key(timer: int, name: str, options: tuple[tuple[str, Any], ...]) -> int:
+    owner = _TIMERS[timer]()  # alive: its region() is being traced
+    assert owner is not None
+    return key_of(owner.region(name, **dict(options)))
 
 
 @_constant
-def _note_left_out(timer: Any) -> int:
-    _LEFT_OUT[id(timer)] = _LEFT_OUT.get(id(timer), 0) + 1
+def _note_left_out(timer: int) -> int:
+    _LEFT_OUT[timer] = _LEFT_OUT.get(timer, 0) + 1
     return 0
 
 
-def block(timer: Any, name: str, options: dict[str, Any]) -> Any:
-    """What ``timer.region(name, **options)`` returns while Dynamo traces."""
+def block(timer: int, name: str, options: dict[str, Any]) -> Any:
+    """What ``timer.region(name, **options)`` returns while Dynamo traces (``timer``: its
+    ``timer_key``)."""
     if not SUPPORTED:
         _note_left_out(timer)
         return contextlib.nullcontext()
     return _Marks(_block_key(timer, name, tuple(options.items())))
 
 
-@_constant
-def _region_key(region: Any) -> int:
-    return key_of(region)
-
-
-def call(region: Any, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+def call(key: int, timer: int, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     """A decorated callable inlined into traced code: its marks around the call, depending on
-    its tensor arguments and results."""
+    its tensor arguments and results (``key``: the region's ``key_of``, taken when it was
+    decorated; ``timer``: its Timer's ``timer_key``)."""
     if not SUPPORTED:
-        _note_left_out(region.timer)
+        _note_left_out(timer)
         return fn(*args, **kwargs)
-    key = _region_key(region)
     deps: list[torch.Tensor] = []
     _tensors((args, kwargs), deps)
     _ENTER(key, deps)
@@ -199,9 +208,9 @@ def call(region: Any, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     return out
 
 
-def left_out(timer: Any) -> str:
-    """The report's note for ``timer`` ("" when no region was left out)."""
-    n = _LEFT_OUT.get(id(timer), 0)
+def left_out(timer: int) -> str:
+    """The report's note for the Timer ``timer`` ("" when no region was left out)."""
+    n = _LEFT_OUT.get(timer, 0)
     if not n:
         return ""
     return (

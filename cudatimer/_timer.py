@@ -297,6 +297,8 @@ class Timer:
         self.trace_samples = trace_samples
         self._regions: dict[str, Region] = {}  # NULL_REGION under CUDATIMER_DISABLE
         self._samplers: dict[tuple[str, int], itertools.count[int]] = {}  # every=N call counters
+        #: This Timer's number for regions inside torch.compile'd code (see ``_compile``).
+        self.compile_key = _compile.timer_key(self)
         _TIMERS.add(self)
 
     # -- building regions -------------------------------------------------------------------
@@ -328,7 +330,7 @@ class Timer:
             # Dynamo traces this call (`with cuda_region(...)` in compiled code). It cannot
             # enter a Region, but it can a context manager made inside the traced code: the
             # region's two marks, which run the Region when the compiled code runs.
-            marks: Region = _compile.block(self, name, dict(options))
+            marks: Region = _compile.block(self.compile_key, name, dict(options))
             return marks
         plain = True  # no options (or all None): the region is cached by name
         if options:
@@ -564,7 +566,7 @@ class Timer:
             ("timer", self.name),
             ("torch", str(torch.__version__)),
         )
-        left_out = _compile.left_out(self)
+        left_out = _compile.left_out(self.compile_key)
         if left_out:
             meta += (("compile_note", left_out),)
         return self.recorder.summary(

@@ -52,6 +52,8 @@ class Timer(Protocol):
     def recorder(self) -> Any: ...
     @property
     def region(self) -> Callable[..., Any]: ...
+    @property
+    def compile_key(self) -> int: ...
 
 
 def _cm_helper_code(factory: Any) -> Any:
@@ -160,11 +162,13 @@ def wrap(fn: Any, region: Region, entry: bool = True) -> Any:
     # The region's own __enter__/__exit__ are the core's common case (and fall back to the
     # recorder's general hooks themselves), so the wrapper calls them directly.
     r_enter, r_exit = region.__enter__, region.__exit__
+    # Ints, so that Dynamo folds them into the graph where it inlines this wrapper.
+    key, timer_key = _compile.key_of(region), region.timer.compile_key
 
     @functools.wraps(fn)
     def timed_function(*args: Any, **kwargs: Any) -> Any:
         if _is_dynamo_compiling():  # inlined into traced code: the region's marks go in
-            return _compile.call(region, call, args, kwargs)
+            return _compile.call(key, timer_key, call, args, kwargs)
         if not store.enabled:
             return call(*args, **kwargs)
         r_enter()
