@@ -758,9 +758,14 @@ def _skip_dynamo() -> None:
     """Dynamo must never compile the recorder's own frames (see ``_wrap.skip_dynamo_frames``)."""
     import sys
 
-    from . import _device, _hist, _nvtx, _recorder, _wrap
+    from . import _compile, _device, _hist, _nvtx, _recorder, _view, _wrap
 
-    _wrap.skip_dynamo_frames(sys.modules[__name__], _device, _hist, _nvtx, _recorder, _wrap)
+    # _compile too: its functions are inlined where Dynamo traces them (marking a code object
+    # only stops Dynamo from starting a compile at it), and the mark ops' bodies, which run
+    # while compiled code runs, then cost no frame evaluation.
+    _wrap.skip_dynamo_frames(
+        sys.modules[__name__], _compile, _device, _hist, _nvtx, _recorder, _view, _wrap
+    )
 
 
 _skip_dynamo()
