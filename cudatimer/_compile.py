@@ -102,7 +102,7 @@ def _order(op: Any) -> bool:
             try:
                 register(op, kind)
                 return True
-            except Exception:
+            except Exception:  # another signature on this torch: try the next API
                 continue
     table = getattr(effects, "SIDE_EFFECTS", None)
     if isinstance(table, dict):
@@ -130,13 +130,14 @@ def _define() -> tuple[Any, Any, str]:
     if register_fake is None:
         return None, None, f"torch {torch.__version__} has no torch.library.register_fake"
     try:
-        lib = torch.library.Library("cudatimer", "DEF")
+        library: Any = torch.library.Library  # untyped in torch's stubs
+        lib = library("cudatimer", "DEF")
         for name, body in (("enter", _enter_body), ("exit", _exit_body)):
             lib.define(name + _SCHEMA)
             # Every backend, one kernel; no autograd formula is needed: the ops return nothing.
             lib.impl(name, body, "CompositeExplicitAutograd")
             register_fake("cudatimer::" + name, _no_op, lib=lib)
-    except Exception as e:  # noqa: BLE001 - an older torch.library: the fallback, with why
+    except Exception as e:  # an older torch.library: the fallback, with the reason
         return None, None, f"torch {torch.__version__} could not define the marks ({e})"
     _library = lib
     ops = (torch.ops.cudatimer.enter.default, torch.ops.cudatimer.exit.default)

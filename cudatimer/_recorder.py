@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-import threading
 import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -24,6 +23,7 @@ import torch
 
 from . import _core, _device, _steps, _trace
 from ._hist import Histogram
+from ._locks import ForkSafeLock
 from ._records import RegionStats, Summary, SyncSite
 from ._view import Tree, View
 
@@ -68,18 +68,8 @@ W_SIDE_DEVICE = 4
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
-# Sync counting is rare (detect_syncs) and brief; made anew in a forked child, where a lock
-# held by another thread of the parent would never be released.
-_sync_lock = threading.Lock()
-
-
-def _new_sync_lock() -> None:
-    global _sync_lock
-    _sync_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_sync_lock)
+# Sync counting is rare (detect_syncs) and brief.
+_sync_lock = ForkSafeLock()
 
 
 def clock_name(dev: int) -> str:

@@ -4,24 +4,14 @@ against it: what the summary, windows, step records and the trace are built from
 from __future__ import annotations
 
 import itertools
-import os
-import threading
 from array import array
 from collections.abc import Iterable
 from typing import Any
 
-# Taken on a cache miss of child() and by prune(), never on a hit. One for every tree, made
-# anew in a forked child (a lock another thread of the parent held would never be released).
-_lock = threading.Lock()
+from ._locks import ForkSafeLock
 
-
-def _new_lock_in_child() -> None:
-    global _lock
-    _lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lock_in_child)
+# Taken on a cache miss of child() and by prune(), never on a hit.
+_lock = ForkSafeLock()
 
 
 class Tree:
