@@ -46,7 +46,7 @@ def main() -> None:
         for n in (1, 33):
             fn = _build(n, kind, timer)
             fn(x)
-            best = min(timeit.repeat(lambda: fn(x), number=args.number, repeat=5))
+            best = min(timeit.repeat(lambda f=fn: f(x), number=args.number, repeat=5))
             per[f"{kind}_{n}"] = best / args.number * 1e6
     out = {k: round(v, 2) for k, v in per.items()}
     for kind in ("call", "block"):

@@ -43,7 +43,7 @@ EVENTS_ONLY = "host_metrics"  # the workload's events-only region: must be absen
 # ---------------------------------------------------------------------------------------------
 
 
-def run_workload(summary_path: Path, steps: int) -> None:
+def run_workload(summary_path: Path, steps: int, compiled: bool = False) -> None:
     import torch
     from torch import nn
 
@@ -73,7 +73,23 @@ def run_workload(summary_path: Path, steps: int) -> None:
     a = torch.randn(mat, mat, device=device, dtype=dtype)
     b = torch.randn(mat, mat, device=device, dtype=dtype)
 
+    chain: Any = None
+    if compiled:
+        # A decorated function inside torch.compile'd code: its region is the two marks
+        # Inductor's code calls (docs/compile.md), and must show in Nsight like any other.
+        @cudatimer.cuda_timed(name="compiled_matmuls")
+        def matmul_chain(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            c = a
+            for _ in range(n_mm // 2):
+                c = torch.mm(c, b)  # chained: Inductor cannot fold repeats into one
+            return c
+
+        chain = torch.compile(lambda a, b: matmul_chain(a, b) + 1, fullgraph=True)
+
     def step(i: int) -> None:
+        if chain is not None:
+            with cudatimer.cuda_region("compiled"):
+                chain(a, b)
         with cudatimer.cuda_region("train_step", payload=i):
             loss = model(x).square().mean()
             with cudatimer.cuda_region("backward"):
@@ -397,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
         help="cudatimer's summary JSON (written by --workload, read by --check)",
     )
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument(
+        "--compiled", action="store_true", help="add a region inside torch.compile'd code"
+    )
     ap.add_argument("--domain", default=DOMAIN)
     ap.add_argument("--tol", type=float, default=0.03, help="relative tolerance (0.03 = 3%%)")
     ap.add_argument(
@@ -410,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.selftest:
         return selftest()
     if args.workload:
-        run_workload(args.summary, args.steps)
+        run_workload(args.summary, args.steps, args.compiled)
         return 0
     report: Path = args.check
     text = report.read_text() if report.suffix == ".csv" else nsys_stats(report)
