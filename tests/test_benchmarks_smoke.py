@@ -391,3 +391,30 @@ def test_disabled_cost_measures_both_switches() -> None:
         "enabled (for comparison)",
         "cudatimer.disable() at run time",
     ]
+
+
+def test_compile_targets_runs_on_the_cpu(tmp_path: Path) -> None:
+    """compile_targets.py --smoke compiles a tiny GPT-2 twice and times every module."""
+    script = ROOT / "benchmarks" / "compile_targets.py"
+    path = tmp_path / "compile.json"
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--smoke",
+            "--rounds",
+            "2",
+            "--steps",
+            "1",
+            "--json",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr
+    got = json.loads(path.read_text())
+    assert got["modules"] > 0 and got["regions_with_gpu_time"] == got["modules"]
+    assert got["calls_per_module"] == [2]
+    assert got["ratio"] > 0 and got["compiled_region_us"] > 0
