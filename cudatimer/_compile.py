@@ -29,6 +29,7 @@ and each Timer's report says once how many regions were traced into compiled cod
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -165,9 +166,20 @@ def _tensors(obj: Any, found: list[torch.Tensor], depth: int = 0) -> None:
 
 
 _F = TypeVar("_F", bound=Callable[..., int])
-# Runs the function for real while Dynamo traces and puts its result in the graph as a constant
-# (no guard on what it read): the key lookup costs nothing at run time and adds no recompile.
-_constant = cast(Callable[[_F], _F], torch.compiler.assume_constant_result)
+
+
+def _constant(fn: _F) -> _F:
+    """``torch.compiler.assume_constant_result``: Dynamo runs ``fn`` for real while it traces
+    and puts the result in the graph as a constant (no guard on what it read), so a key lookup
+    costs nothing at run time and adds no recompile. That function imports torch._dynamo
+    (1.7 s on the CPU machine) to set one attribute; before Dynamo is imported it is set here,
+    so that importing cudatimer stays cheap (tests/test_compile.py checks torch still marks
+    functions so)."""
+    if "torch._dynamo" in sys.modules:
+        mark: Any = torch.compiler.assume_constant_result  # untyped in torch's stubs
+        return cast(_F, mark(fn))
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
 
 
 class _Marks:

@@ -426,3 +426,23 @@ def test_without_the_marks_regions_are_left_out_and_the_report_says_so() -> None
         "note: 2 region(s) traced into torch.compile'd code are not timed there "
         "(CUDATIMER_COMPILE=0 is set); they time the calls that run eagerly"
     )
+
+
+def test_importing_cudatimer_leaves_dynamo_unimported() -> None:
+    """`import cudatimer` does not import torch._dynamo (1.7 s): the marks need it only later."""
+    from tests.subproc import run_python
+
+    done = run_python("import sys, cudatimer\nprint('torch._dynamo' in sys.modules)", {})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False"]
+
+
+def test_torch_marks_constant_functions_as_cudatimer_does() -> None:
+    """torch.compiler.assume_constant_result still marks a function by the attribute that
+    cudatimer sets itself before Dynamo is imported."""
+
+    def probe() -> int:
+        return 0
+
+    marked = torch.compiler.assume_constant_result(probe)
+    assert marked is probe and getattr(probe, "_dynamo_marked_constant", None) is True
