@@ -395,6 +395,8 @@ def _notes(
 ) -> list[str]:
     notes = []
     meta = dict(summary.meta)
+    if meta.get("disabled_note"):  # first: it explains an empty table
+        notes.append(meta["disabled_note"])
     if meta.get("window") == "no steps":
         notes.append(
             "no finished step in this window: mark steps with cudatimer.step() after each "
@@ -409,6 +411,8 @@ def _notes(
         notes.append(meta["window_note"])
     if meta.get("compile_note"):
         notes.append(meta["compile_note"])
+    if meta.get("core_note"):
+        notes.append(meta["core_note"])
     hidden = len(rows) - len(shown)
     if hidden > 0:
         notes.append(f"{hidden} region(s) hidden by match/min_share")
