@@ -397,6 +397,8 @@ def _notes(
     meta = dict(summary.meta)
     if meta.get("disabled_note"):  # first: it explains an empty table
         notes.append(meta["disabled_note"])
+    if meta.get("core_note"):  # before the notes on the rows, which some readers take last
+        notes.append(meta["core_note"])
     if meta.get("window") == "no steps":
         notes.append(
             "no finished step in this window: mark steps with cudatimer.step() after each "
@@ -411,8 +413,6 @@ def _notes(
         notes.append(meta["window_note"])
     if meta.get("compile_note"):
         notes.append(meta["compile_note"])
-    if meta.get("core_note"):
-        notes.append(meta["core_note"])
     hidden = len(rows) - len(shown)
     if hidden > 0:
         notes.append(f"{hidden} region(s) hidden by match/min_share")
