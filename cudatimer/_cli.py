@@ -6,11 +6,15 @@
     cudatimer plot RUN.json -o report.png      # needs matplotlib
     cudatimer csv RUN.json -o regions.csv [--what regions|steps|trace]
 
+    cudatimer --version                        # version, torch, and which recorder core runs
+
 Exit status: 0 on success, 1 when a file cannot be read or written (the message says which
-and why), 2 for a bad command line, 141 (128 + SIGPIPE, what a shell reports for any tool
-that a closed pipe stopped) when standard output closes early, as in ``cudatimer show RUN.json
-| head -1``: the command then stops quietly, without a traceback. (``--help`` into a closed
-pipe exits 0: argparse ignores the failed write.)
+and why), 2 for a bad command line (an unknown command or option, or a bad option value such
+as ``--columns speed`` or ``--last 5``: a saved run holds the window it was saved with),
+141 (128 + SIGPIPE, what a shell reports for any tool that a closed pipe stopped) when
+standard output closes early, as in ``cudatimer show RUN.json | head -1``: the command then
+stops quietly, without a traceback. (``--help`` into a closed pipe exits 0: argparse ignores
+the failed write.)
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Sequence
 from ._export import WHATS, load, to_csv
 from ._records import Summary
 from ._report import COLUMNS, COMPARE_STATS, SORTS, VIEWS, render, render_compare
+from ._timer import core_line
 
 __all__ = ["EXIT_BROKEN_PIPE", "main"]
 
@@ -38,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 ok; 1 a file could not be read or written; 2 a bad command "
         f"line; {EXIT_BROKEN_PIPE} standard output closed early (e.g. piped into head).",
     )
+    parser.add_argument("--version", action=_Version, help="print versions and which core runs")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def table_options(p: argparse.ArgumentParser) -> None:
@@ -55,6 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument(
         "--min-share", type=float, default=0.0, help="keep regions with this fraction of total"
     )
+    # Accepted so that they are refused with the reason: a window is rebuilt from the raw
+    # samples a live Timer keeps, and a saved run holds only the window it was saved with.
+    for flag in ("--last", "--steps", "--warmup"):
+        show.add_argument(flag, help="refused: choose the window when saving (save(warmup=5))")
 
     compare = sub.add_parser("compare", help="compare two saved runs region by region")
     compare.add_argument("base", help="the reference run (JSON)")
@@ -72,13 +82,75 @@ def _parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="write a PNG of where time goes (needs matplotlib)")
     plot.add_argument("run")
     plot.add_argument("-o", "--output", help="default: RUN.png")
-    plot.add_argument("--top", type=int, default=12, help="how many regions to draw")
+    plot.add_argument("--top", type=_positive, default=12, help="how many regions to draw")
 
     csv = sub.add_parser("csv", help="write regions, per-step stats or trace samples as CSV")
     csv.add_argument("run")
     csv.add_argument("-o", "--output", help="default: standard output")
     csv.add_argument("--what", choices=WHATS, default="regions")
     return parser
+
+
+class _Version(argparse.Action):
+    """``--version``: argparse's own action rewraps the line to the terminal's width."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str) -> None:
+        super().__init__(option_strings, dest, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        print(_version())
+        parser.exit()
+
+
+def _version() -> str:
+    import torch
+
+    from . import __version__
+
+    return f"cudatimer {__version__} (torch {torch.__version__}; {core_line()})"
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse option values argparse cannot check (a format, column names, fractions) as a bad
+    command line (exit 2), before any file is read: they are checked on an empty run."""
+    command = args.command
+    empty = Summary(regions=())
+    try:
+        if command == "show":
+            window = [f"--{k}" for k in ("last", "steps", "warmup") if getattr(args, k)]
+            if window:
+                raise ValueError(
+                    f"{', '.join(window)}: a saved run holds the window it was saved with "
+                    "(cudatimer.save(path, warmup=5)); windows need the raw samples a live "
+                    "Timer keeps, so choose the window when saving"
+                )
+            render(
+                empty,
+                view=args.view,
+                sort=args.sort,
+                fmt=args.fmt,
+                columns=_column_list(args.columns),
+                match=args.match,
+                min_share=args.min_share,
+            )
+        elif command == "compare":
+            render_compare(empty, empty, fmt=args.fmt, tolerance=args.tolerance)
+    except (TypeError, ValueError) as exc:
+        parser.error(f"{command}: {exc}")
+
+
+def _column_list(text: str | None) -> list[str] | None:
+    return [c.strip() for c in text.split(",") if c.strip()] if text else None
 
 
 def _stem(path: str) -> str:
@@ -96,15 +168,12 @@ def _run(args: argparse.Namespace) -> str:
         )
     summary: Summary = load(args.run)
     if args.command == "show":
-        columns = None
-        if args.columns:
-            columns = [c.strip() for c in args.columns.split(",") if c.strip()]
         return render(
             summary,
             view=args.view,
             sort=args.sort,
             fmt=args.fmt,
-            columns=columns,
+            columns=_column_list(args.columns),
             match=args.match,
             min_share=args.min_share,
         )
@@ -160,7 +229,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     module's docstring: EXIT_BROKEN_PIPE, quietly, when standard output closes early)."""
     try:
         try:
-            args = _parser().parse_args(argv)
+            parser = _parser()
+            args = parser.parse_args(argv)
+            _check_options(parser, args)
         finally:
             sys.stdout.flush()  # --help's text
         return _command(args)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import errno
 import io
 import itertools
 import json
@@ -365,9 +366,20 @@ def _fields(data: dict[str, Any]) -> Summary:
     )
 
 
+#: The format of ``cudatimer.distributed``'s merged files, defined here so that ``load`` can
+#: say what such a file is (exports never import the distributed layer above them).
+RANKS_FORMAT = "cudatimer.ranks"
+
+
 def summary_from_dict(data: Any) -> Summary:
     """Inverse of ``summary_to_dict``, checking every field (types, ranges, finiteness, that
     histogram buckets add up); a ValueError that names the field for anything else."""
+    if isinstance(data, dict) and data.get("format") == RANKS_FORMAT:
+        raise ValueError(
+            "a cross-rank file (format 'cudatimer.ranks', written by `python -m "
+            "cudatimer.distributed merge`), not one run: read it with `python -m "
+            "cudatimer.distributed show FILE`, or write one Summary with `merge --flat`"
+        )
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError("not a cudatimer summary (missing 'format': 'cudatimer.summary')")
     schema = data.get("schema")
@@ -390,6 +402,12 @@ def summary_from_dict(data: Any) -> Summary:
         raise ValueError(f"malformed cudatimer summary: {exc!r}") from exc
 
 
+def _open_new(path: str, binary: bool, newline: str | None) -> IO[Any]:
+    if binary:
+        return open(path, "wb")
+    return open(path, "w", encoding="utf-8", newline=newline)
+
+
 def write_atomic(
     path: str | os.PathLike[str],
     write: Callable[[IO[Any]], object],
@@ -398,16 +416,27 @@ def write_atomic(
     newline: str | None = None,
 ) -> None:
     """Call ``write(file)`` on a temporary file next to ``path``, then rename it to ``path``:
-    on any failure the temporary file is removed and a previous ``path`` is left as it was."""
+    on any failure the temporary file is removed and a previous ``path`` is left as it was.
+
+    A missing folder is created (as ``mkdir -p`` would): per-rank files such as
+    ``timings/rank3.json`` are written by every rank of a job, and a job that fails at its
+    last line for want of a folder loses the run. An error opening the file names ``path``,
+    never the temporary file the user did not ask for."""
     target = _check_path(path)
     tmp = f"{target}.tmp{os.getpid()}.{next(_TMP_SEQ)}"
+    folder = os.path.dirname(target)
     try:
-        if binary:
-            with open(tmp, "wb") as f:
-                write(f)
-        else:
-            with open(tmp, "w", encoding="utf-8", newline=newline) as f:
-                write(f)
+        if folder and not os.path.isdir(folder):
+            try:
+                os.makedirs(folder, exist_ok=True)
+            except FileExistsError:  # a part of the folder's path is a file
+                raise NotADirectoryError(errno.ENOTDIR, "Not a directory", folder) from None
+        file = _open_new(tmp, binary, newline)
+    except OSError as exc:
+        raise type(exc)(exc.errno, exc.strerror, target) from None
+    try:
+        with file as f:
+            write(f)
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):

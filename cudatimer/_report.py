@@ -395,6 +395,10 @@ def _notes(
 ) -> list[str]:
     notes = []
     meta = dict(summary.meta)
+    if meta.get("disabled_note"):  # first: it explains an empty table
+        notes.append(meta["disabled_note"])
+    if meta.get("core_note"):  # before the notes on the rows, which some readers take last
+        notes.append(meta["core_note"])
     if meta.get("window") == "no steps":
         notes.append(
             "no finished step in this window: mark steps with cudatimer.step() after each "

@@ -27,7 +27,7 @@ import torch
 from typing_extensions import Unpack  # a dependency of torch; imported for get_type_hints
 
 from . import _compile, _core, _device
-from ._config import DISABLED_AT_IMPORT
+from ._config import DISABLED_AT_IMPORT, PURE_PYTHON
 from ._nvtx import Domain, resolve_color
 from ._recorder import Recorder
 from ._records import StepStats, Summary
@@ -237,6 +237,45 @@ NULL_REGION: Any = _core.NullRegion()
 def compiled() -> bool:
     """True when regions run the C core (``_speedups``)."""
     return bool(_core.IMPL == "c")
+
+
+def core_line() -> str:
+    """Which recorder core runs, and why when it is the Python one (``cudatimer --version``)."""
+    if compiled():
+        return "core: C (cudatimer._speedups)"
+    why = "CUDATIMER_PURE_PYTHON is set" if PURE_PYTHON else "cudatimer._speedups was not built"
+    return f"core: Python ({why})"
+
+
+def _core_note() -> str | None:
+    """The report's note when the Python core runs: it costs more per region than the C one
+    (2.44x in the launch-bound loop, docs/benchmarks.md), and nothing else would say so."""
+    if compiled():
+        return None
+    if PURE_PYTHON:
+        why = "CUDATIMER_PURE_PYTHON is set; unset it to run the C core"
+    else:
+        why = (
+            "the C core cudatimer._speedups was not built (no C compiler or Python headers at "
+            "install); reinstall where gcc and the Python headers are present"
+        )
+    return (
+        f"the recorder runs its Python core, about 2.4x the C core's cost per region "
+        f"(docs/benchmarks.md): {why}"
+    )
+
+
+def _disabled_note(enabled: bool) -> str | None:
+    """The report's note when recording is off, naming the switch (else an empty report reads
+    as if the program entered no region)."""
+    if DISABLED_AT_IMPORT:
+        return (
+            "cudatimer is disabled: CUDATIMER_DISABLE was set when cudatimer was imported, so "
+            "every region is a no-op; unset it to time regions"
+        )
+    if not enabled:
+        return "this Timer is disabled (disable() or Timer(enabled=False)); enable() records again"
+    return None
 
 
 class Timer:
@@ -569,6 +608,12 @@ class Timer:
         left_out = _compile.left_out(self.compile_key)
         if left_out:
             meta += (("compile_note", left_out),)
+        for key, note in (
+            ("disabled_note", _disabled_note(self.recorder.store.enabled)),
+            ("core_note", _core_note()),
+        ):
+            if note:
+                meta += ((key, note),)
         return self.recorder.summary(
             meta,
             seconds,
@@ -600,6 +645,33 @@ class Timer:
                 "a given summary is rendered as it is"
             )
         return summary
+
+    def _windowed(
+        self, verb: str, timeout_s: float, window: dict[str, Any], **what: bool
+    ) -> Summary:
+        """This Timer's summary for an output that writes a file: refused when the window
+        holds no step, which would otherwise write an empty run (or fail naming the symptom,
+        "no regions", instead of the cause)."""
+        result = self._resolved(None, timeout_s, window, **what)
+        if dict(result.meta).get("window") != "no steps":
+            return result
+        asked = ", ".join(f"{k}={v!r}" for k, v in window.items())
+        marked = self.recorder.store.step
+        if marked == 0:
+            cause = (
+                "no step was marked (step() was never called), so every call is in step 0, "
+                "which is still in progress"
+            )
+        else:
+            cause = (
+                f"{marked} step(s) were marked, and the window covers none of the finished "
+                f"steps 0-{marked - 1}"
+            )
+        raise ValueError(
+            f"{verb}({asked}): the window holds no finished step: {cause}. Call "
+            "cudatimer.step() (or timer.step()) once after each iteration, or leave out "
+            "last/steps/warmup to use the whole run"
+        )
 
     def report(
         self,
@@ -637,7 +709,7 @@ class Timer:
         with its per-step stats and trace samples; ``window``: last/steps/warmup."""
         from ._export import save
 
-        result = self._resolved(None, timeout_s, window, step_stats=True, trace=True)
+        result = self._windowed("save", timeout_s, window, step_stats=True, trace=True)
         save(result, path)
         return result
 
@@ -689,7 +761,11 @@ class Timer:
         ``window``: last/steps/warmup."""
         from ._trace import write_chrome
 
-        write_chrome(self._resolved(summary, timeout_s, window, trace=True), path)
+        if summary is None and window:
+            result = self._windowed("export_trace", timeout_s, window, trace=True)
+        else:
+            result = self._resolved(summary, timeout_s, window, trace=True)
+        write_chrome(result, path)
 
     def to_csv(
         self,
@@ -739,7 +815,11 @@ class Timer:
         were marked). Needs matplotlib. ``window``: last/steps/warmup."""
         from ._plot import plot
 
-        plot(self._resolved(summary, timeout_s, window, step_stats=True), path, top=top)
+        if summary is None and window:
+            result = self._windowed("plot", timeout_s, window, step_stats=True)
+        else:
+            result = self._resolved(summary, timeout_s, window, step_stats=True)
+        plot(result, path, top=top)
 
 
 #: Every live Timer (sync detection, the report at exit and fork handling look them up).

@@ -51,8 +51,8 @@ from typing import Any
 import torch.distributed as dist
 
 from ._export import FORMAT as SUMMARY_FORMAT
+from ._export import RANKS_FORMAT, summary_from_dict, summary_to_dict
 from ._export import save as save_summary
-from ._export import summary_from_dict, summary_to_dict
 from ._ranks import RankedRegion, RankSummary, clock_kind
 from ._records import Summary
 from ._timer import Timer
@@ -71,7 +71,6 @@ __all__ = [
     "summary",
 ]
 
-RANKS_FORMAT = "cudatimer.ranks"
 RANKS_SCHEMA = 1
 _TRANSPORTS = ("store", "group")
 

@@ -1,11 +1,12 @@
-"""The README's report examples: a small training loop timed with cudatimer, read every way.
+"""The report examples of docs/reports.md: a small training loop timed with cudatimer, read
+every way.
 
-    python examples/report_demo.py [--out DIR] [--png examples/report.png]
+    python examples/report_demo.py [--out DIR] [--steps 30]
 
 Runs on the GPU when there is one (regions timed with CUDA events), else on the CPU (regions
 timed on the host clock). Prints the tree and flat reports of the steps after warm-up, then
-writes DIR/run.json (and DIR/run_small.json, the same loop with a smaller model, to compare),
-DIR/trace.json and the PNG. Then try:
+writes into DIR (default: the current directory; created if missing) run.json, run_small.json
+(the same loop with a smaller model, to compare), trace.json and report.png. Then try:
 
     cudatimer show DIR/run.json --view tree
     cudatimer compare DIR/run.json DIR/run_small.json
@@ -48,11 +49,14 @@ def train(hidden: int, steps: int, device: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("/tmp/cudatimer-demo"))
-    parser.add_argument("--png", type=Path, default=Path(__file__).with_name("report.png"))
+    # The current directory by default, never the checkout: a run must not overwrite the
+    # tracked examples/report.png (the picture in the README) unless asked to.
+    parser.add_argument("--out", type=Path, default=Path("."), help="default: .")
+    parser.add_argument("--png", type=Path, default=None, help="default: OUT/report.png")
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    png = args.png if args.png is not None else args.out / "report.png"
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
     train(2048, args.steps, device)
@@ -62,14 +66,14 @@ def main() -> None:
     cudatimer.save(args.out / "run.json", warmup=WARMUP)
     cudatimer.export_trace(args.out / "trace.json", warmup=WARMUP)
     try:
-        cudatimer.plot(args.png, warmup=WARMUP)
+        cudatimer.plot(png, warmup=WARMUP)
     except ImportError as exc:
         print(f"no plot: {exc}")
 
     cudatimer.reset()
     train(1024, args.steps, device)
     cudatimer.save(args.out / "run_small.json", warmup=WARMUP)
-    print(f"\nwrote {args.out}/run.json, run_small.json, trace.json and {args.png}")
+    print(f"\nwrote run.json, run_small.json, trace.json and {png.name} into {args.out}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from cudatimer._cli import main
 from cudatimer._export import save
 from cudatimer._report import render, render_compare
 from tests.report_fixtures import gpu_run, gpu_run_after, host_run
+from tests.subproc import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,12 +122,98 @@ def test_trace_of_run_without_samples(
     assert "nothing to trace" in capsys.readouterr().err
 
 
-def test_bad_options_exit_1(runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    """Values argparse cannot check (format, columns) still fail cleanly with exit 1."""
-    assert main(["show", str(runs["gpu"]), "--fmt", "nope"]) == 1
-    assert "fmt must be a tabulate format" in capsys.readouterr().err
-    assert main(["show", str(runs["gpu"]), "--columns", "speed"]) == 1
-    assert "columns must name some of" in capsys.readouterr().err
+def test_bad_option_values_exit_2(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Values argparse cannot check (format, columns, fractions) are a bad command line: 2."""
+    cases = [
+        (["show", str(runs["gpu"]), "--fmt", "nope"], "fmt must be a tabulate format"),
+        (["show", str(runs["gpu"]), "--columns", "speed"], "columns must name some of"),
+        (["show", str(runs["gpu"]), "--min-share", "2"], "min_share must be between 0 and 1"),
+        (["compare", str(runs["gpu"]), str(runs["gpu"]), "--tolerance", "-1"], "tolerance"),
+        (["plot", str(runs["gpu"]), "--top", "0"], "must be >= 1"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2, argv
+        assert message in capsys.readouterr().err
+
+
+def test_option_values_are_checked_before_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad option value exits 2 even when the file is missing: the command line is wrong."""
+    with pytest.raises(SystemExit) as info:
+        main(["show", str(tmp_path / "absent.json"), "--columns", "speed"])
+    assert info.value.code == 2
+    assert "absent.json" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--last", "--steps", "--warmup"])
+def test_show_refuses_windows_with_the_reason(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    """show --last/--steps/--warmup exits 2: a saved run holds the window it was saved with."""
+    with pytest.raises(SystemExit) as info:
+        main(["show", str(runs["gpu"]), flag, "5"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{flag}: a saved run holds the window it was saved with" in err
+    assert "save(path, warmup=5)" in err
+
+
+def test_version_names_torch_and_the_core(capsys: pytest.CaptureFixture[str]) -> None:
+    """--version prints cudatimer's version, torch's, and which recorder core runs."""
+    import torch
+
+    import cudatimer
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"cudatimer {cudatimer.__version__} (torch {torch.__version__}; ")
+    assert ("core: C" if cudatimer.compiled() else "core: Python") in out
+
+
+def test_version_says_why_the_python_core_runs() -> None:
+    """Under CUDATIMER_PURE_PYTHON=1, --version says the Python core runs, and why."""
+    done = run_python(
+        "from cudatimer._cli import main; main(['--version'])",
+        {"CUDATIMER_PURE_PYTHON": "1"},
+    )
+    assert "core: Python (CUDATIMER_PURE_PYTHON is set)" in done.stdout, done.stderr
+
+
+def test_show_on_a_cross_rank_file_names_its_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """show on a merged cross-rank file says what it is and which command reads it (exit 1)."""
+    from cudatimer import distributed
+
+    for rank in (0, 1):
+        save(host_run(), tmp_path / f"rank{rank}.json")
+    merged = tmp_path / "run.json"
+    files = [str(tmp_path / "rank0.json"), str(tmp_path / "rank1.json")]
+    assert distributed.main(["merge", *files, "-o", str(merged)]) == 0
+    capsys.readouterr()
+    assert main(["show", str(merged)]) == 1
+    err = capsys.readouterr().err
+    assert "a cross-rank file" in err and str(merged) in err
+    assert "python -m cudatimer.distributed show" in err
+
+
+def test_documented_exit_codes_match(runs: dict[str, Path], tmp_path: Path) -> None:
+    """The exit codes docs/cli.md lists are the ones the command returns."""
+    doc = " ".join((ROOT / "docs" / "cli.md").read_text().split())
+    assert "0 on success, 1 when a file cannot be read or written" in doc
+    assert "2 for a bad command line" in doc
+    assert main(["show", str(runs["gpu"])]) == 0
+    assert main(["show", str(tmp_path / "absent.json")]) == 1
+    with pytest.raises(SystemExit) as info:
+        main(["show", str(runs["gpu"]), "--columns", "speed"])
+    assert info.value.code == 2
 
 
 def test_bad_command_line_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
