@@ -14,13 +14,20 @@ def test_readme_is_short() -> None:
 
 
 def test_docs_links_resolve() -> None:
-    """Every relative Markdown link of the README and docs names a file that exists
-    (docs/compile.md excepted: it is written on another branch)."""
+    """Every relative Markdown link of the README and docs names a file that exists."""
     for path in documents():
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text()):
-            if target.endswith("compile.md"):
-                continue
             assert (path.parent / target).exists(), f"{path.name}: broken link {target}"
+
+
+def test_readme_quickstart_is_a_python_block() -> None:
+    """The README's Quickstart is a fenced python block (so the snippet test runs it) that
+    prints the report."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Quickstart") :]
+    block = re.search(r"^```python\n(.*?)^```$", section, re.S | re.M)
+    assert block, "the Quickstart has no ```python block"
+    assert "cudatimer.report()" in block.group(1)
 
 
 def test_python_core_figure_matches_benchmarks() -> None:
