@@ -10,12 +10,13 @@ stack) and nests under whatever region is open when the compiled call runs.
 
 Order against the compiled work comes from data: Inductor schedules by dependencies, and with
 none it ran every mark before the first kernel (measured, torch 2.13 CPU). A decorated
-function's or module's marks therefore take the call's tensor arguments (``enter``) and the
-tensors it returns (``exit``): nothing the call computes can run after its exit mark, and
-Inductor kept the rest in program order. Work it fuses across a boundary (a pointwise op of the
-next region folded into this region's kernel) is timed in the region whose kernel runs it. A
-``with`` block has no declared outputs: its marks keep their order among the other marks, and
-Inductor may move the block's kernels across them (decorate a function for exact boundaries).
+function's or module's marks therefore take the call's tensor arguments (``enter``: the work
+that produces them runs before it) and the tensors it returns (``exit``: nothing the call
+computes runs after it); Inductor kept the call's kernels between them, in program order. Work
+it fuses across a boundary (a pointwise op of the next region folded into this region's kernel)
+is timed in the region whose kernel runs it. A ``with`` block has no declared inputs or
+outputs: its marks keep their order among the other marks, and Inductor may move the block's
+kernels across them (decorate a function for exact boundaries).
 
 Inside a CUDA graph capture (``mode="reduce-overhead"``) the bodies run during warm-up and
 capture, never on replay: a region entered while its stream captures is counted as skipped,
@@ -115,8 +116,11 @@ def _order(op: Any) -> bool:
 # The ops are defined with torch.library.Library and a plain Python kernel, not with
 # torch.library.custom_op: its Python layers (autograd wrapper, dispatch helpers) cost ~25 us a
 # call against ~4.5 us for the bare dispatcher hop into a Python kernel (CPU machine, one mark
-# with a tensor in ``deps``; the region's own enter and exit take ~3.6 us beside it).
-_SCHEMA = "(int key, Tensor[] deps) -> ()"
+# with a tensor in ``deps``; the region's own enter and exit take ~3.6 us beside it). Tensor
+# arguments cost too (an int-only call 3.7-4.0 us, one with a list of one tensor 6.4-6.9 us),
+# but the enter mark needs its own: without them Inductor ran a matmul that precedes a region
+# after the region's enter mark (tests/test_compile.py pins the order down).
+_SCHEMAS = {"enter": "(int key, Tensor[] deps) -> ()", "exit": "(int key, Tensor[] deps) -> ()"}
 _library: Any = None  # the Library must live as long as its ops
 
 
@@ -134,7 +138,7 @@ def _define() -> tuple[Any, Any, str]:
         library: Any = torch.library.Library  # untyped in torch's stubs
         lib = library("cudatimer", "DEF")
         for name, body in (("enter", _enter_body), ("exit", _exit_body)):
-            lib.define(name + _SCHEMA)
+            lib.define(name + _SCHEMAS[name])
             # Every backend, one kernel; no autograd formula is needed: the ops return nothing.
             lib.impl(name, body, "CompositeExplicitAutograd")
             register_fake("cudatimer::" + name, _no_op, lib=lib)

@@ -302,8 +302,9 @@ def _order_in(code: str, words: list[str]) -> list[str]:
 
 
 def test_inductor_keeps_a_decorated_call_between_its_marks() -> None:
-    """Inductor's code calls a decorated function's enter mark, then its kernel, then its exit
-    mark; a pointwise op of the next call fused into that kernel is timed in the first call."""
+    """Inductor's code runs work before a decorated call before its enter mark, then the call's
+    kernel, then its exit mark; a pointwise op of the next call fused into that kernel is timed
+    in the first call."""
     from torch._inductor.utils import run_and_get_code
 
     t = Timer(name="order")
@@ -321,15 +322,17 @@ def test_inductor_keeps_a_decorated_call_between_its_marks() -> None:
         return z @ w
 
     def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return third(second(first(x)), w)
+        return third(second(first(x @ w)), w)  # the first matmul is in no region
 
     x, w = torch.randn(32, 32), torch.randn(32, 32)
     out, codes = run_and_get_code(torch.compile(fn, fullgraph=True), x, w)
-    torch.testing.assert_close(out, x.sin().cos() @ w)
+    torch.testing.assert_close(out, (x @ w).sin().cos() @ w)
     order = _order_in(codes[0], ["cudatimer.enter", "cudatimer.exit", "cpp_fused", "mm("])
-    # sin and cos fused into one kernel, which runs inside "first" (the exit mark of "first"
-    # needs its output); the matmul runs between the marks of "third".
+    # The matmul before "first" runs before its enter mark; sin and cos fused into one kernel,
+    # which runs inside "first" (the exit mark of "first" needs its output); the last matmul
+    # runs between the marks of "third".
     assert order == [
+        "mm(",
         "cudatimer.enter",
         "cpp_fused",
         "cudatimer.exit",
@@ -359,7 +362,9 @@ def test_marks_of_with_blocks_keep_their_order() -> None:
     _, codes = run_and_get_code(torch.compile(fn, fullgraph=True), torch.randn(8))
     body = codes[0][codes[0].index("def call(") :]
     marks = [
-        line.split("(", 1)[1].split(",")[0] for line in body.splitlines() if "cudatimer." in line
+        line.split("(", 1)[1].split(",")[0].rstrip(")")
+        for line in body.splitlines()
+        if "cudatimer." in line
     ]
     keys = [int(k) for k in marks]
     assert len(keys) == 4 and keys[0] == keys[1] and keys[2] == keys[3] and keys[0] != keys[2]
