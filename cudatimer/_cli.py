@@ -134,15 +134,7 @@ def _check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
                     "(cudatimer.save(path, warmup=5)); windows need the raw samples a live "
                     "Timer keeps, so choose the window when saving"
                 )
-            render(
-                empty,
-                view=args.view,
-                sort=args.sort,
-                fmt=args.fmt,
-                columns=_column_list(args.columns),
-                match=args.match,
-                min_share=args.min_share,
-            )
+            _show(empty, args)
         elif command == "compare":
             render_compare(empty, empty, fmt=args.fmt, tolerance=args.tolerance)
     except (TypeError, ValueError) as exc:
@@ -151,6 +143,19 @@ def _check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 
 def _column_list(text: str | None) -> list[str] | None:
     return [c.strip() for c in text.split(",") if c.strip()] if text else None
+
+
+def _show(summary: Summary, args: argparse.Namespace) -> str:
+    """``show``'s table of ``summary`` with the command's options."""
+    return render(
+        summary,
+        view=args.view,
+        sort=args.sort,
+        fmt=args.fmt,
+        columns=_column_list(args.columns),
+        match=args.match,
+        min_share=args.min_share,
+    )
 
 
 def _stem(path: str) -> str:
@@ -168,15 +173,7 @@ def _run(args: argparse.Namespace) -> str:
         )
     summary: Summary = load(args.run)
     if args.command == "show":
-        return render(
-            summary,
-            view=args.view,
-            sort=args.sort,
-            fmt=args.fmt,
-            columns=_column_list(args.columns),
-            match=args.match,
-            min_share=args.min_share,
-        )
+        return _show(summary, args)
     if args.command == "trace":
         from ._trace import write_chrome
 
