@@ -40,7 +40,7 @@ import torch
 
 from ._config import env_flag
 
-__all__ = ["REASON", "SUPPORTED", "block", "call", "key_of", "left_out", "timer_key"]
+__all__ = ["REASON", "SUPPORTED", "block", "call", "key_of", "left_out", "tensors_in", "timer_key"]
 
 # key -> Region; a region traced into compiled code stays alive as long as the code may run.
 _REGIONS: list[Any] = []
@@ -156,17 +156,32 @@ _ENTER, _EXIT, REASON = _define()
 SUPPORTED: bool = _ENTER is not None
 
 
-def _tensors(obj: Any, found: list[torch.Tensor], depth: int = 0) -> None:
-    if len(found) >= _MAX_DEPS:
+def tensors_in(
+    obj: Any,
+    found: list[torch.Tensor],
+    most: int,
+    keep: Callable[[torch.Tensor, list[torch.Tensor]], bool],
+    depth: int = 0,
+) -> None:
+    """Append to ``found`` the tensors of ``obj`` (a few levels into tuples, lists and dict
+    values) that ``keep(tensor, found)`` accepts, up to ``most`` of them. Plain recursion:
+    Dynamo inlines it where a decorated call is traced (torch 2.11 and 2.13 alike)."""
+    if len(found) >= most:
         return
     if isinstance(obj, torch.Tensor):
-        found.append(obj)
-    elif depth < 3 and isinstance(obj, (tuple, list)):
-        for item in obj:
-            _tensors(item, found, depth + 1)
-    elif depth < 3 and isinstance(obj, dict):
-        for item in obj.values():
-            _tensors(item, found, depth + 1)
+        if keep(obj, found):
+            found.append(obj)
+    elif depth < 3:
+        if isinstance(obj, (tuple, list)):
+            for item in obj:
+                tensors_in(item, found, most, keep, depth + 1)
+        elif isinstance(obj, dict):
+            for item in obj.values():
+                tensors_in(item, found, most, keep, depth + 1)
+
+
+def _any(t: torch.Tensor, found: list[torch.Tensor]) -> bool:
+    return True
 
 
 _F = TypeVar("_F", bound=Callable[..., int])
@@ -230,11 +245,11 @@ def call(key: int, timer: int, fn: Callable[..., Any], args: Any, kwargs: Any) -
         _note_left_out(timer)
         return fn(*args, **kwargs)
     deps: list[torch.Tensor] = []
-    _tensors((args, kwargs), deps)
+    tensors_in((args, kwargs), deps, _MAX_DEPS, _any)
     _ENTER(key, deps)
     out = fn(*args, **kwargs)
     deps = []
-    _tensors(out, deps)
+    tensors_in(out, deps, _MAX_DEPS, _any)
     _EXIT(key, deps)
     return out
 

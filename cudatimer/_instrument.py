@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ._compile import tensors_in
 from ._timer import Region, Timer, _is_compiling
 from ._wrap import bind_forward, skip_dynamo_frames
 
@@ -271,20 +272,9 @@ def instrument(
     return handle
 
 
-def _tensors(obj: Any, found: list[torch.Tensor], depth: int = 0) -> None:
-    """Tensors that need a gradient in a module's inputs or outputs (a few levels deep)."""
-    if len(found) >= _MAX_TENSORS:
-        return
-    if isinstance(obj, torch.Tensor):
-        if obj.requires_grad and all(obj is not t for t in found):
-            found.append(obj)
-    elif depth < 3:
-        if isinstance(obj, (tuple, list)):
-            for item in obj:
-                _tensors(item, found, depth + 1)
-        elif isinstance(obj, dict):
-            for item in obj.values():
-                _tensors(item, found, depth + 1)
+def _needs_grad(t: torch.Tensor, found: list[torch.Tensor]) -> bool:
+    """Tensors that need a gradient in a module's inputs or outputs, each once."""
+    return t.requires_grad and all(t is not f for f in found)
 
 
 def _backward_hooks(region: Region) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -297,11 +287,11 @@ def _backward_hooks(region: Region) -> Callable[[Callable[..., Any]], Callable[.
             if not torch.is_grad_enabled() or _is_compiling():
                 return out
             outputs: list[torch.Tensor] = []
-            _tensors(out, outputs)
+            tensors_in(out, outputs, _MAX_TENSORS, _needs_grad)
             if not outputs:
                 return out
             inputs: list[torch.Tensor] = []
-            _tensors((args, kwargs), inputs)
+            tensors_in((args, kwargs), inputs, _MAX_TENSORS, _needs_grad)
             if not inputs:
                 return out
             token: list[Any] = []  # the open region of this call, once its backward began
