@@ -9,66 +9,41 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+DEMO = str(ROOT / "examples" / "report_demo.py")
 
 
 def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_report_demo_writes_into_the_current_directory(tmp_path: Path) -> None:
-    """report_demo.py writes its files into the current directory, never into the checkout."""
-    picture = ROOT / "examples" / "report.png"
-    before = _digest(picture)
+def _run(argv: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    """``python argv...`` in ``cwd`` with this checkout importable; it must exit 0."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "report_demo.py"), "--steps", "7"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
     assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_report_demo_writes_into_the_current_directory(tmp_path: Path) -> None:
+    """report_demo.py writes its files into the current directory, never into the checkout."""
+    picture = ROOT / "examples" / "report.png"
+    before = _digest(picture)
+    _run([DEMO, "--steps", "7"], tmp_path)
     written = {p.name for p in tmp_path.iterdir()}
     assert {"run.json", "run_small.json", "trace.json"} <= written
     assert _digest(picture) == before
-    compare = subprocess.run(
-        [sys.executable, "-m", "cudatimer", "compare", "run.json", "run_small.json"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert compare.returncode == 0, compare.stderr
+    compare = _run(["-m", "cudatimer", "compare", "run.json", "run_small.json"], tmp_path, 120)
     assert "train_step/forward" in compare.stdout
 
 
 def test_report_demo_takes_out(tmp_path: Path) -> None:
     """--out names the folder (created if missing)."""
     out = tmp_path / "new" / "demo"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "report_demo.py"),
-            "--steps",
-            "7",
-            "--out",
-            str(out),
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
+    _run([DEMO, "--steps", "7", "--out", str(out)], tmp_path)
     assert (out / "run.json").is_file() and (out / "run_small.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]

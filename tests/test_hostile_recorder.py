@@ -191,21 +191,25 @@ def test_resets_racing_with_regions_on_other_threads_lose_no_path() -> None:
     assert {x.name for x in s.step_stats} <= allowed
 
 
-def test_summary_of_a_deep_recursion_needs_no_deep_stack() -> None:
-    """Paths of regions nested 1500 deep are built without recursion (default limit)."""
-    import sys
+def _nest(region: Any, depth: int) -> None:
+    """Enter ``region`` recursively ``depth`` deep (the recursion limit raised meanwhile)."""
 
     def recurse(n: int) -> None:
-        with cudatimer.cuda_region("r"):
+        with region:
             if n:
                 recurse(n - 1)
 
     limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 5000))
+    sys.setrecursionlimit(max(limit, 4 * depth))
     try:
-        recurse(1499)
+        recurse(depth - 1)
     finally:
         sys.setrecursionlimit(limit)
+
+
+def test_summary_of_a_deep_recursion_needs_no_deep_stack() -> None:
+    """Paths of regions nested 1500 deep are built without recursion (default limit)."""
+    _nest(cudatimer.cuda_region("r"), 1500)
     s = cudatimer.summary()
     assert len(s.regions) == 1500 and s.regions[-1].depth == 1499
     assert s.regions[-1].name == "/".join(["r"] * 1500)
@@ -214,19 +218,7 @@ def test_summary_of_a_deep_recursion_needs_no_deep_stack() -> None:
 def test_text_reports_of_a_deep_recursion_stay_small() -> None:
     """3000 nested regions: every text row is short; the data keep whole paths."""
     timer = cudatimer.Timer(name="deep")
-    region = timer.region("recurse")
-
-    def recurse(n: int) -> None:
-        with region:
-            if n:
-                recurse(n - 1)
-
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 10000))
-    try:
-        recurse(2999)
-    finally:
-        sys.setrecursionlimit(limit)
+    _nest(timer.region("recurse"), 3000)
     s = timer.summary()
     assert s.regions[-1].name == "/".join(["recurse"] * 3000)  # the data: whole
 

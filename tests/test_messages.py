@@ -83,8 +83,8 @@ def test_write_errors_name_the_users_path(tmp_path: Path) -> None:
         assert denied.value.filename == str(locked / "run.json")
 
 
-def test_report_says_cudatimer_is_disabled_and_by_what() -> None:
-    """Under CUDATIMER_DISABLE=1 the report names the variable, not only "no regions"."""
+def _report_with(env: dict[str, str]) -> str:
+    """What the default Timer's report prints in a fresh process with ``env``."""
     done = run_python(
         """
         import cudatimer
@@ -92,11 +92,17 @@ def test_report_says_cudatimer_is_disabled_and_by_what() -> None:
             pass
         cudatimer.report()
         """,
-        {"CUDATIMER_DISABLE": "1"},
+        env,
     )
     assert done.returncode == 0, done.stderr
-    assert "no regions recorded" in done.stdout
-    assert "cudatimer is disabled: CUDATIMER_DISABLE was set" in done.stdout
+    return done.stdout
+
+
+def test_report_says_cudatimer_is_disabled_and_by_what() -> None:
+    """Under CUDATIMER_DISABLE=1 the report names the variable, not only "no regions"."""
+    out = _report_with({"CUDATIMER_DISABLE": "1"})
+    assert "no regions recorded" in out
+    assert "cudatimer is disabled: CUDATIMER_DISABLE was set" in out
 
 
 def test_report_says_a_timer_is_disabled() -> None:
@@ -111,18 +117,9 @@ def test_report_says_a_timer_is_disabled() -> None:
 
 def test_report_notes_the_python_core() -> None:
     """Where the Python core runs, the report says so, why, and what it costs."""
-    done = run_python(
-        """
-        import cudatimer
-        with cudatimer.cuda_region("a"):
-            pass
-        cudatimer.report()
-        """,
-        {"CUDATIMER_PURE_PYTHON": "1"},
-    )
-    assert done.returncode == 0, done.stderr
-    assert "the recorder runs its Python core, about 2.4x the C core" in done.stdout
-    assert "CUDATIMER_PURE_PYTHON is set" in done.stdout
+    out = _report_with({"CUDATIMER_PURE_PYTHON": "1"})
+    assert "the recorder runs its Python core, about 2.4x the C core" in out
+    assert "CUDATIMER_PURE_PYTHON is set" in out
 
 
 def test_report_has_no_core_note_on_the_c_core() -> None:
