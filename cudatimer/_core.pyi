@@ -28,6 +28,7 @@ OFF: Final[int]  # the Timer was off at enter: the exit pops the frame, nothing 
 NVTX: Final[int]  # mode="nvtx": the exit pops the NVTX range only
 UNTIMED: Final[int]  # every=N, a call not sampled: the exit counts it on clock ``dev``
 ORPHAN: Final[int]  # closed on another thread (Store.orphan): its own thread drops it
+GRAPH: Final[int]  # entered while its stream captured a CUDA graph (``_capture``): timestamps
 
 def configure(
     *, inv_log_gamma: float, harvest_batch: int, anchor_hop_ms: float, prewarm: int

@@ -47,6 +47,7 @@ OFF = 3  # the Timer was off at enter: exit pops the frame and nothing else
 NVTX = 4  # mode="nvtx": exit pops the NVTX range only
 UNTIMED = 5  # every=N, a call not sampled: exit counts it on clock ``dev``
 ORPHAN = 6  # closed on another thread (Store.orphan): its own thread drops it when it next can
+GRAPH = 7  # entered while its stream captured a CUDA graph: device timestamps, read per replay
 
 # Set by ``configure`` from the one place that defines them (``_device``); see there.
 _INV_LOG_GAMMA = 0.0  # the C implementation's bucket rule; HistBuilder has its own here

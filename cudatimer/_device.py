@@ -74,6 +74,14 @@ class Device(Protocol):
         runtime, or None to record with torch's ``record``)."""
         ...
 
+    def stamps(self, device: int) -> Any:
+        """The device timestamps of CUDA graphs (``_stamps.Stamps``), or None."""
+        ...
+
+    def marker(self, key: StreamKey) -> Any:
+        """An event (no timing) recorded on stream ``key`` now, for another stream to wait on."""
+        ...
+
 
 class CudaDevice:
     """torch's CUDA."""
@@ -114,6 +122,16 @@ class CudaDevice:
             except (TypeError, RuntimeError, AttributeError):
                 pass
         return lambda: torch.cuda.Event(enable_timing=True), None  # type: ignore[no-untyped-call]
+
+    def stamps(self, device: int) -> Any:
+        from ._stamps import cuda_stamps
+
+        return cuda_stamps(device)
+
+    def marker(self, key: StreamKey) -> Any:
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record(self.stream(key))
+        return event
 
 
 _HAS_CUDA_BUILD = all(
@@ -229,6 +247,20 @@ def current_rec() -> _core.StreamRec | None:
     if capturing(key):
         return None
     return rec_for(key)
+
+
+def stamps(device: int) -> Any:
+    """The device timestamps for regions inside CUDA graphs on ``device``, or None."""
+    seam = _seam
+    if seam.device is None or seam.state != USABLE:
+        return None
+    return seam.device.stamps(device)
+
+
+def marker(key: StreamKey) -> Any:
+    device = _seam.device
+    assert device is not None
+    return device.marker(key)
 
 
 def clock_now(events: bool) -> int:

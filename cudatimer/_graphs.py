@@ -1,24 +1,28 @@
-"""CUDA graphs: time replays, never captures.
+"""CUDA graphs: regions captured into a graph are timed on every replay.
 
-A timing event recorded while a stream captures poisons the capture (``query`` and
-``elapsed_time`` then raise "invalid argument", even after replay), and any query during
-capture ruins it (measured on an H200). So a region entered while its stream captures
-records no event: it is timed on the host clock and counted as ``skipped`` (the report says so).
-Replays are ordinary stream work: a region around ``graph.replay()`` is timed like any other,
-which :func:`timed_replay` spells out.
+A region entered while its stream captures a graph through ``torch.cuda.CUDAGraph`` (so
+``torch.cuda.graph``, ``make_graphed_callables`` and ``torch.compile(mode="reduce-overhead")``)
+captures a device timestamp at enter and at exit (``_capture``, ``_stamps``); each replay
+yields one sample per captured region call, nested under the region open around the replay.
+A timing event is never recorded in capture: it would poison the graph (``query`` and
+``elapsed_time`` then raise "invalid argument", even after replay; measured on an H200).
+A capture begun another way (``cudaStreamBeginCapture`` outside torch) still times its
+regions on the host clock only, counted as ``skipped``.
 
-Per-region GPU time *inside* a replay is not measured: external events
-(``torch.cuda.Event(enable_timing=True, external=True)``) can be captured as graph nodes, but each
-replay overwrites them, so without synchronising only the latest replay could be read.
+A replay as a whole is ordinary stream work: a region around ``graph.replay()`` times it, which
+:func:`timed_replay` spells out.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from . import _capture
 from ._timer import Timer
 
 __all__ = ["timed_replay"]
+
+_capture.install()
 
 
 def timed_replay(graph: Any, name: str = "graph.replay", *, timer: Timer | None = None) -> None:

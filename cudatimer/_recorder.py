@@ -15,13 +15,14 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 
-from . import _core, _device, _steps, _trace
+from . import _capture, _core, _device, _steps, _trace
 from ._hist import Histogram
 from ._locks import ForkSafeLock
 from ._records import RegionStats, Summary, SyncSite
@@ -46,7 +47,7 @@ class Region(Protocol):
 
 _NAN = math.nan
 _now = _core.now_ns
-_TIMED, _HOST, _SKIP, _OFF, _NVTX, _UNTIMED, _ORPHAN = (
+_TIMED, _HOST, _SKIP, _OFF, _NVTX, _UNTIMED, _ORPHAN, _GRAPH = (
     _core.TIMED,
     _core.HOST,
     _core.SKIP,
@@ -54,6 +55,7 @@ _TIMED, _HOST, _SKIP, _OFF, _NVTX, _UNTIMED, _ORPHAN = (
     _core.NVTX,
     _core.UNTIMED,
     _core.ORPHAN,
+    _core.GRAPH,
 )
 # Dynamo folds it to True while it traces: a region reached inside traced code does nothing
 # (Dynamo would trace into thread-locals and event objects and crash or lose them; torch 2.11).
@@ -132,8 +134,8 @@ class Recorder:
         if r.events and _device.usable():
             try:
                 rec = _device.current_rec()
-                if rec is None:  # capturing a CUDA graph: host time only, counted as skipped
-                    stack.push(_core.Frame(r, slot, gen, _SKIP, t0_ns=_now()))
+                if rec is None:  # capturing a CUDA graph: timestamps in the graph
+                    stack.push(self._captured(r, stack, slot, gen, None))
                     return
                 start = rec.take()
             except BaseException:
@@ -235,9 +237,54 @@ class Recorder:
         if r.events and _device.usable():
             rec = _device.current_rec()
             if rec is None:
-                return _core.Frame(r, slot, gen, _SKIP, t0_ns=_now(), range_id=rid)
+                return self._captured(r, stack, slot, gen, rid)
             return _core.Frame(r, slot, gen, _TIMED, rec, rec.take(), _now(), range_id=rid)
         return _core.Frame(r, slot, gen, _HOST, t0_ns=_now(), range_id=rid)
+
+    def _captured(self, r: Region, stack: Any, slot: int, gen: int, rid: Any) -> Any:
+        """The frame of a region entered while its stream captures a CUDA graph: a timestamp
+        in the graph (``_capture``), or, in a capture begun outside torch's ``CUDAGraph`` or
+        without room left, host time counted as skipped."""
+        cap = _capture.current()
+        if cap is not None:
+            names: tuple[str, ...] = (r.name,)
+            inner: list[str] = []
+            for f in reversed(stack.frames()):
+                if f.kind == _GRAPH and f.start.capture is cap:
+                    names = (*f.start.names, *reversed(inner), r.name)
+                    break
+                inner.append(f.region.name)
+            call = cap.open(self, names)
+            if call is not None:
+                return _core.Frame(r, slot, gen, _GRAPH, start=call, t0_ns=_now(), range_id=rid)
+        return _core.Frame(r, slot, gen, _SKIP, t0_ns=_now(), range_id=rid)
+
+    def replay_context(self) -> tuple[int, int, int] | None:
+        """Where a graph replay launched now puts this Timer's captured regions: (parent
+        slot, generation, step), or None while the Timer is off."""
+        store = self.store
+        if not store.enabled:
+            return None
+        stack = store.stack()
+        gen = store.gen  # before the slot (see reset)
+        top = _live_top(stack)
+        return (top.slot if top is not None else stack.base, gen, store.step)
+
+    def graph_slots(self, parent: int, paths: list[tuple[str, ...] | None]) -> list[int | None]:
+        """The slots of captured regions' paths under ``parent`` (None: no path given, or a
+        parent a reset() forgot)."""
+        out: list[int | None] = []
+        for names in paths:
+            slot: int | None = None
+            if names is not None:
+                try:
+                    slot = parent
+                    for name in names:
+                        slot = self.tree.child(slot, name)
+                except KeyError:
+                    slot = None
+            out.append(slot)
+        return out
 
     def end(self, r: Region, token: Any) -> None:
         if token is not None:
@@ -275,6 +322,8 @@ class Recorder:
                 )
             elif kind == _UNTIMED:
                 self.store.count(f.slot, f.gen, f.dev)
+            elif kind == _GRAPH:
+                f.start.capture.close(f.start)
         finally:
             if r.nvtx:
                 if f.range_id is None:
@@ -384,7 +433,9 @@ class Recorder:
         """Resolve every finished sample and return frozen records (never clears anything)."""
         store = self.store
         _steps.select(store.step, None, store.keep_steps, **window_args)  # bad input fails early
+        deadline = time.monotonic() + timeout_s
         _device.drain(timeout_s)
+        _capture.drain(self, max(0.0, deadline - time.monotonic()))
         current = store.step
         with _sync_lock:
             slot_syncs = dict(self.slot_syncs)
@@ -408,10 +459,13 @@ class Recorder:
         )
         if window is not None:
             meta += _steps.window_meta(window)
+        graph_note = _capture.lost_note(self)
+        if graph_note:
+            meta += (("graph_note", graph_note),)
         return Summary(
             regions=regions,
             sync_sites=sync_sites,
-            pending=store.pending(),
+            pending=store.pending() + _capture.pending(self),
             open=len(store.stack()),
             steps=current if window is None else len(window),
             meta=meta,

@@ -413,6 +413,8 @@ def _notes(
         notes.append(meta["window_note"])
     if meta.get("compile_note"):
         notes.append(meta["compile_note"])
+    if meta.get("graph_note"):
+        notes.append(meta["graph_note"])
     hidden = len(rows) - len(shown)
     if hidden > 0:
         notes.append(f"{hidden} region(s) hidden by match/min_share")

@@ -188,7 +188,8 @@ event_handle(PyObject *event)
  * Settings (configure, set_stream_getter, set_usable) and small helpers
  * ====================================================================================== */
 
-enum { K_TIMED = 0, K_HOST = 1, K_SKIP = 2, K_OFF = 3, K_NVTX = 4, K_UNTIMED = 5, K_ORPHAN = 6 };
+enum { K_TIMED = 0, K_HOST = 1, K_SKIP = 2, K_OFF = 3, K_NVTX = 4, K_UNTIMED = 5, K_ORPHAN = 6,
+       K_GRAPH = 7 };
 
 #define MAX_DEVICES 64 /* default-stream records the hot path indexes by device */
 
@@ -3548,7 +3549,7 @@ PyInit__speedups(void)
         long value;
     } kinds[] = {{"TIMED", K_TIMED}, {"HOST", K_HOST},   {"SKIP", K_SKIP},
                  {"OFF", K_OFF},     {"NVTX", K_NVTX},   {"UNTIMED", K_UNTIMED},
-                 {"ORPHAN", K_ORPHAN}};
+                 {"ORPHAN", K_ORPHAN}, {"GRAPH", K_GRAPH}};
     for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
         if (PyModule_AddIntConstant(m, kinds[i].name, kinds[i].value) < 0) {
             Py_DECREF(m);

@@ -130,6 +130,8 @@ def to_chrome(summary: Summary) -> dict[str, Any]:
                     "_track": (pid, ("stream", s.stream)),
                 }
             )
+        if s.cpu_ms == 0 and s.gpu_ms is not None:
+            continue  # replayed inside a CUDA graph: the host ran nothing of it
         start_us = s.host_start_ms * 1e3
         spans.append(
             {

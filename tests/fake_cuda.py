@@ -77,6 +77,11 @@ class FakeGPU:
         self.poisoned: set[int] = set()
         self.records = 0
         self._next_id = 100
+        # CUDA graphs (FakeGraph): the ops a graph capture on a stream took so far.
+        self.graph_ops: dict[tuple[int, int, int], list[tuple[Any, ...]]] = {}
+        self.copies_held = False  # device timestamp copies stay unfinished while True
+        self.copies = 0
+        self._stamps: dict[int, FakeStamps] = {}
 
     # -- what a test drives ------------------------------------------------------------------
     def new_stream(self, device: int = 0) -> torch.Stream:
@@ -87,8 +92,13 @@ class FakeGPU:
         return torch.Stream(stream_id=0, device_index=device, device_type=1)
 
     def run(self, ms: float, stream: torch.Stream | None = None) -> None:
-        """Queue ``ms`` of work on ``stream`` (the current stream by default)."""
+        """Queue ``ms`` of work on ``stream`` (the current stream by default); inside a
+        FakeGraph capture, capture it instead (each replay runs it)."""
         key = self.current_key() if stream is None else self.key(stream)
+        ops = self.graph_ops.get(key)
+        if ops is not None:
+            ops.append(("work", ms))
+            return
         self.busy[key] = self.busy.get(key, 0.0) + ms
 
     def hold(self, stream: torch.Stream | None = None) -> None:
@@ -171,6 +181,117 @@ class FakeGPU:
 
     def event_factory(self, device: int, stream: Any) -> tuple[Callable[[], Any], int | None]:
         return (lambda: FakeEvent(self, device)), None
+
+    def stamps(self, device: int) -> FakeStamps:
+        if device not in self._stamps:
+            self._stamps[device] = FakeStamps(self)
+        return self._stamps[device]
+
+    def marker(self, key: tuple[int, int, int]) -> None:
+        return None
+
+
+class FakeCopy:
+    """A copy of a timestamp chunk; it reads the chunk when it finishes, as the GPU would."""
+
+    def __init__(self, gpu: FakeGPU, chunk: list[int], cap: int) -> None:
+        self.gpu = gpu
+        self.chunk = chunk
+        self.cap = cap
+
+    def done(self) -> bool:
+        return not self.gpu.copies_held
+
+    def words(self) -> list[int]:
+        count = self.chunk[self.cap + 1]
+        return [count, *self.chunk[: self.cap], count]
+
+
+class FakeStamps:
+    """Device timestamps (``cudatimer._stamps.Stamps``) on the fake GPU: captured as graph
+    ops, written at replay with the stream's virtual clock in ns."""
+
+    def __init__(self, gpu: FakeGPU) -> None:
+        self.gpu = gpu
+        self.stamped = 0  # timestamps captured
+
+    def _ops(self) -> list[tuple[Any, ...]]:
+        ops = self.gpu.graph_ops.get(self.gpu.current_key())
+        if ops is None:
+            raise RuntimeError("a timestamp kernel launched outside a graph capture")
+        return ops
+
+    def chunk(self, cap: int) -> list[int]:
+        return [0] * (cap + 2)
+
+    def stamp(self, chunk: list[int], k: int, cap: int) -> None:
+        self.stamped += 1
+        self._ops().append(("stamp", chunk, k, cap))
+
+    def advance(self, chunk: list[int], n: int, cap: int) -> None:
+        self._ops().append(("advance", chunk, n, cap))
+
+    def position(self) -> Any:
+        ops = self.gpu.graph_ops.get(self.gpu.current_key())
+        return None if ops is None else (id(ops), len(ops))
+
+    def copy(self, chunk: list[int], cap: int, after: list[Any]) -> FakeCopy:
+        self.gpu.copies += 1
+        return FakeCopy(self.gpu, chunk, cap)
+
+
+class FakeGraph:
+    """A CUDA graph on the fake GPU, through the same hooks as ``torch.cuda.CUDAGraph``
+    (``cudatimer._capture``): ``with g.capture(stream):`` captures, ``g.replay()`` runs
+    the captured work and timestamps on the current stream."""
+
+    def __init__(self, gpu: FakeGPU) -> None:
+        self.gpu = gpu
+        self.ops: list[tuple[Any, ...]] = []
+
+    @contextmanager
+    def capture(self, stream: torch.Stream) -> Iterator[None]:
+        from cudatimer import _capture
+
+        gpu = self.gpu
+        key = gpu.key(stream)
+        with gpu.use(stream):
+            _capture.capture_begin(self)
+            gpu.capturing[key] = True
+            ops: list[tuple[Any, ...]] = []
+            gpu.graph_ops[key] = ops
+            try:
+                yield
+                _capture.capture_end(self)
+            finally:
+                del gpu.graph_ops[key]
+                gpu.capturing[key] = False
+        self.ops = ops
+
+    def replay(self) -> None:
+        from cudatimer import _capture
+
+        _capture.replay(self, self._run)
+
+    def _run(self) -> None:
+        gpu = self.gpu
+        key = gpu.current_key()
+        for op in self.ops:
+            if op[0] == "work":
+                gpu.busy[key] = gpu.busy.get(key, 0.0) + op[1]
+            elif op[0] == "stamp":
+                _, chunk, k, cap = op
+                chunk[(chunk[cap] + k) % cap] = round(gpu.busy.get(key, 0.0) * 1e6)
+            else:
+                _, chunk, n, cap = op
+                chunk[cap] = (chunk[cap] + n) % cap
+                chunk[cap + 1] += 1
+
+    def reset(self) -> None:
+        from cudatimer import _capture
+
+        _capture.reset(self)
+        self.ops = []
 
 
 @contextmanager

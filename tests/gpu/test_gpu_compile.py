@@ -1,6 +1,6 @@
 """Regions inside torch.compile'd code on a real GPU: no synchronisation, GPU times that agree
 with CUPTI, children inside their parent, a real model instrumented then compiled, and CUDA
-graph capture (mode="reduce-overhead") left working."""
+graph capture (mode="reduce-overhead") left working (tests/gpu/test_gpu_graphs.py times it)."""
 
 from __future__ import annotations
 
@@ -166,7 +166,8 @@ def test_instrument_then_compile_a_transformer_times_every_module() -> None:
 
 def test_reduce_overhead_capture_keeps_working() -> None:
     """mode="reduce-overhead": the model is captured with the marks inside and replays; the
-    outputs match; regions entered during capture count as skipped (never poisoning it)."""
+    outputs match; regions entered during capture add timestamps, never events (a poisoned
+    event would raise when read)."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     plain, timed = _mlp(depth=4), _mlp(depth=4)

@@ -1,0 +1,468 @@
+"""Regions inside CUDA graphs: timed on every replay by device timestamps.
+
+While a stream captures a graph (``torch.cuda.graph``, ``make_graphed_callables``, a
+``torch.compile(mode="reduce-overhead")`` model), a region's enter and exit each capture a
+timestamp kernel (``_stamps``) into the graph: 1.13 us of GPU time each inside a replay on an
+H200, and a boundary with nothing captured since the previous timestamp shares it (an exit
+followed by the next enter, a parent's enter and its first child's). At capture end one more
+node moves the graph's ring on and counts the replay.
+
+The host counts replays too (``torch.cuda.CUDAGraph.replay`` is wrapped: a dictionary lookup
+for graphs that hold no region), so replay ``j``'s timestamps sit at a known place in the ring,
+and what the host knew at replay ``j`` (the step, the region open around the replay, the
+thread) is kept beside it. No replay adds an event, a query or a copy: every ``cap // n``
+replays or so (half the ring) the wrapper starts a copy of the ring on a side stream into
+pinned memory and goes on; a later replay, or a report, reads it once its event has passed.
+A report waits for the replays issued before it (the copy waits on their streams, on the
+GPU), polling until its ``timeout_s``.
+
+A captured region keeps the path it had inside the capture, under the region open around
+each replay at replay time (``decode/graph/attn`` for a replay inside ``decode``). Its GPU
+time is the time between its two timestamps; its CPU time is 0: the host runs nothing of it
+at replay (the replay's launch is host time of the region around it). If the ring wraps
+before it was read (more replays than it holds, with the copies held back), the lost replays
+are counted and the report says so; nothing else is dropped.
+
+NVTX: a range pushed during capture is seen by Nsight Systems at capture time only; a replay
+shows as one graph launch with its kernels (``nsys --cuda-graph-trace=node`` shows them).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _core, _device
+from ._locks import ForkSafeLock
+
+__all__ = [
+    "DEFAULT_CAP",
+    "Call",
+    "Capture",
+    "capture_begin",
+    "capture_end",
+    "current",
+    "drain",
+    "install",
+    "lost_note",
+    "pending",
+    "replay",
+    "timestamps",
+]
+
+# Words of one graph's ring (8 bytes each): 65536 hold 327 replays of a graph with 200
+# timestamps, a 512 KiB buffer on the device and as much pinned on the host per copy.
+DEFAULT_CAP = 65536
+# Replays whose timestamps wait, copied, before they are folded into the store (per graph):
+# folding costs ~0.5 us a region call, so it waits for a report, up to this many words
+# (8 MiB of host memory), then runs in the replay that reads the next copy.
+RAW_WORDS = 1 << 20
+
+_lock = ForkSafeLock()
+_local = threading.local()  # .capture: the Capture this thread's stream records into
+_by_graph: dict[int, Capture] = {}  # id(graph) -> its capture (replays look it up)
+_retired: list[Capture] = []  # graphs reset, recaptured or collected with replays unread
+cap_words = DEFAULT_CAP  # tests make it small
+
+
+@dataclass(eq=False)
+class Call:
+    """One region call captured into a graph: its recorder, its path from the capture's base,
+    and its two timestamps (``exit`` -1 while it is open)."""
+
+    capture: Capture
+    recorder: Any
+    names: tuple[str, ...]
+    enter: int
+    exit: int = -1
+
+
+@dataclass(eq=False)
+class _Replay:
+    t0_ns: int
+    tid: int
+    stream: int
+    # Per recorder of the graph: (parent slot, generation, step), or None (that Timer was off).
+    where: list[tuple[int, int, int] | None]
+
+
+@dataclass(eq=False)
+class Capture:
+    """One captured graph with regions in it, and its replays not read yet."""
+
+    device: int
+    stamps: Any
+    chunk: Any
+    cap: int
+    n: int = 0
+    calls: list[Call] = field(default_factory=list)
+    recorders: list[Any] = field(default_factory=list)
+    position: Any = None
+    ended: bool = False
+    full: int = 0  # region calls left out: the ring had no room for their timestamps
+    # Replays: issued (host count), read (the first not read), their host context, lost.
+    replays: int = 0
+    read: int = 0
+    waiting: deque[_Replay] = field(default_factory=deque)
+    lost: dict[int, int] = field(default_factory=dict)  # id(recorder) -> region calls lost
+    copy: Any = None
+    copy_at: int = 0
+    streams: dict[int, Any] = field(default_factory=dict)  # replay streams, for the report
+    raw: list[tuple[list[int], list[_Replay]]] = field(default_factory=list)
+    raw_words: int = 0
+    offset_ns: float = float("inf")  # GPU clock minus host clock, least seen (trace placement)
+    lock: ForkSafeLock = field(default_factory=ForkSafeLock)
+
+    # -- capture ------------------------------------------------------------------------
+    def boundary(self) -> int:
+        """The index of a timestamp taken now on the current stream (shared with the last
+        one when nothing was captured since), or -1 when the ring has no room."""
+        pos = self.stamps.position()
+        if pos is not None and self.n and pos == self.position:
+            return self.n - 1
+        if self.n >= self.cap:
+            return -1
+        k = self.n
+        self.stamps.stamp(self.chunk, k, self.cap)
+        self.n += 1
+        self.position = self.stamps.position()
+        return k
+
+    def open(self, recorder: Any, names: tuple[str, ...]) -> Call | None:
+        k = self.boundary()
+        if k < 0:
+            self.full += 1
+            return None
+        call = Call(self, recorder, names, k)
+        if not any(r is recorder for r in self.recorders):
+            self.recorders.append(recorder)
+        self.calls.append(call)
+        return call
+
+    def close(self, call: Call) -> None:
+        if self.ended or current() is not self or not _device.capturing(_device.current_key()):
+            return  # closed outside its capture: it has no exit timestamp, left out
+        k = self.boundary()
+        if k < 0:
+            self.full += 1
+            return
+        call.exit = k
+
+    # -- replay -------------------------------------------------------------------------
+    def per_replay(self) -> int:
+        """Replays the ring holds."""
+        return self.cap // self.n
+
+    def note_replay(self) -> None:
+        """Host side of a replay about to be launched (the wrapper calls it)."""
+        key = _device.current_key()
+        where = [r.replay_context() for r in self.recorders]
+        with self.lock:
+            self.waiting.append(_Replay(_core.now_ns(), threading.get_ident(), key[0], where))
+            self.replays += 1
+            self.streams[key[0]] = key
+            if self.replays - self.copy_at >= max(1, self.per_replay() // 2):
+                self.poll(start=True)
+
+    def unnote_replay(self) -> None:
+        """The replay just noted raised before it was launched."""
+        with self.lock:
+            self.waiting.pop()
+            self.replays -= 1
+
+    def poll(self, start: bool, after: list[Any] | None = None) -> bool:
+        """Read a finished copy; with ``start``, begin a new one if none is in flight. True
+        while a copy is still in flight. The caller holds ``lock``."""
+        if self.copy is not None:
+            try:
+                done = self.copy.done()
+            except RuntimeError:  # a stream is capturing: nothing can be read now
+                return True
+            if not done:
+                return True
+            copy, self.copy = self.copy, None
+            self._take(copy.words())
+        if start and self.read < self.replays and not _device.capturing(_device.current_key()):
+            self.copy_at = self.replays
+            self.copy = self.stamps.copy(self.chunk, self.cap, after or [])
+            return True
+        return False
+
+    def _take(self, words: list[int]) -> None:
+        """Keep the timestamps of the replays a copy holds whole; count the overwritten."""
+        before, after = words[0], words[-1]
+        ring = words[1:-1]
+        first_whole = after - self.per_replay() + 1
+        replays: list[_Replay] = []
+        stamps: list[int] = []
+        n, cap = self.n, self.cap
+        while self.read < before and self.waiting:
+            j = self.read
+            rep = self.waiting.popleft()
+            self.read += 1
+            if j < first_whole:
+                for r, where in zip(self.recorders, rep.where, strict=True):
+                    if where is not None:
+                        count = sum(1 for c in self.calls if c.recorder is r and c.exit >= 0)
+                        self.lost[id(r)] = self.lost.get(id(r), 0) + count
+                continue
+            base = (j * n) % cap
+            if base + n <= cap:
+                stamps.extend(ring[base : base + n])
+            else:
+                stamps.extend(ring[base:] + ring[: base + n - cap])
+            replays.append(rep)
+        if replays:
+            self.raw.append((stamps, replays))
+            self.raw_words += len(stamps)
+            if self.raw_words > RAW_WORDS:
+                self.fold()
+
+    def fold(self) -> None:
+        """Fold the kept timestamps into the stores, as samples of the replays' steps."""
+        raw, self.raw, self.raw_words = self.raw, [], 0
+        n = self.n
+        calls = [(i, c) for i, c in enumerate(self.calls) if c.exit >= 0]
+        slots: dict[tuple[int, int, int], list[int | None]] = {}
+        for stamps, replays in raw:
+            for i, rep in enumerate(replays):
+                row = stamps[i * n : (i + 1) * n]
+                first = min(row[c.enter] for _, c in calls) if calls else 0
+                self.offset_ns = min(self.offset_ns, first - rep.t0_ns)
+                for r_index, where in enumerate(rep.where):
+                    if where is None:
+                        continue
+                    parent, gen, step = where
+                    recorder = self.recorders[r_index]
+                    key = (r_index, parent, gen)
+                    named = slots.get(key)
+                    if named is None:
+                        named = slots[key] = recorder.graph_slots(
+                            parent,
+                            [c.names if c.recorder is recorder else None for c in self.calls],
+                        )
+                    store = recorder.store
+                    for ci, c in calls:
+                        slot = named[ci]
+                        if c.recorder is not recorder or slot is None:
+                            continue
+                        start = row[c.enter]
+                        store.record(
+                            slot,
+                            gen,
+                            self.device,
+                            (row[c.exit] - start) * 1e-6,
+                            0.0,
+                            step,
+                            rep.t0_ns,
+                            rep.tid,
+                            float(start - self.offset_ns),
+                            rep.stream,
+                            False,
+                        )
+
+    def unread(self, recorder: Any) -> int:
+        """Region calls of ``recorder`` in replays not read yet."""
+        per = sum(1 for c in self.calls if c.recorder is recorder and c.exit >= 0)
+        return per * len(self.waiting) + per * sum(len(reps) for _, reps in self.raw)
+
+
+def current() -> Capture | None:
+    """The capture the calling thread's current stream records into (None: not one of ours,
+    a capture begun outside ``torch.cuda.CUDAGraph``)."""
+    return getattr(_local, "capture", None)
+
+
+# -- the three moments of a graph (torch's CUDAGraph calls them through ``install``) --------
+def capture_begin(graph: Any) -> None:
+    """Before a capture begins on the current stream: the ring, allocated now (a capture
+    refuses allocations outside its pool), and the timestamp kernels."""
+    _local.capture = None
+    old = _by_graph.pop(id(graph), None)
+    if old is not None:
+        _retire(old)
+    if not _device.usable():
+        return
+    dev = _device.current_key()[1]
+    stamps = _device.stamps(dev)
+    if stamps is None:
+        return
+    _local.capture = Capture(dev, stamps, stamps.chunk(cap_words), cap_words)
+
+
+def capture_end(graph: Any) -> None:
+    """Before the capture ends: the node that moves the ring on, then the bookkeeping."""
+    cap = current()
+    _local.capture = None
+    if cap is None or cap.n == 0:
+        return
+    cap.stamps.advance(cap.chunk, cap.n, cap.cap)
+    cap.ended = True
+    with _lock:
+        _by_graph[id(graph)] = cap
+    weakref.finalize(graph, _collected, id(graph), cap)
+
+
+def capture_failed() -> None:
+    """The capture raised: its regions are left out."""
+    _local.capture = None
+
+
+def replay(graph: Any, run: Callable[[], Any]) -> Any:
+    """Launch a replay of ``graph`` (``run``), noting it first if regions were captured."""
+    cap = _by_graph.get(id(graph))
+    if cap is None:
+        return run()
+    cap.note_replay()
+    try:
+        return run()
+    except BaseException:
+        cap.unnote_replay()
+        raise
+
+
+def reset(graph: Any) -> None:
+    cap = _by_graph.pop(id(graph), None)
+    if cap is not None:
+        _retire(cap)
+
+
+def _collected(key: int, cap: Capture) -> None:
+    with _lock:
+        if _by_graph.get(key) is cap:
+            del _by_graph[key]
+    _retire(cap)
+
+
+def _retire(cap: Capture) -> None:
+    if cap.read < cap.replays or cap.raw:
+        with _lock:
+            _retired.append(cap)
+
+
+def _all() -> list[Capture]:
+    with _lock:
+        return list(_by_graph.values()) + list(_retired)
+
+
+# -- reading ------------------------------------------------------------------------------
+def drain(recorder: Any, timeout_s: float) -> None:
+    """Read every replay of the graphs holding ``recorder``'s regions that was issued before
+    now, waiting for the GPU (polling) at most ``timeout_s``, and fold them."""
+    caps = [c for c in _all() if any(r is recorder for r in c.recorders)]
+    if not caps:
+        return
+    deadline = time.monotonic() + timeout_s
+    busy = []
+    for cap in caps:
+        # The copy waits, on the GPU, for the replays issued so far on every stream.
+        after = [_device.marker(key) for key in cap.streams.values()]
+        with cap.lock:
+            if cap.poll(start=False) or (cap.read < cap.replays and cap.poll(True, after)):
+                busy.append(cap)
+    sleep = 1e-5
+    while busy and time.monotonic() < deadline:
+        time.sleep(sleep)
+        sleep = min(sleep * 2, 1e-3)
+        still = []
+        for cap in busy:
+            with cap.lock:
+                if cap.poll(start=False):
+                    still.append(cap)
+        busy = still
+    for cap in caps:
+        with cap.lock:
+            cap.fold()
+    with _lock:
+        _retired[:] = [c for c in _retired if c.read < c.replays]
+
+
+def timestamps(graph: Any) -> int:
+    """The timestamps a graph's replays write (0: none, or not captured with regions)."""
+    cap = _by_graph.get(id(graph))
+    return cap.n if cap is not None else 0
+
+
+def pending(recorder: Any) -> int:
+    """Region calls of ``recorder`` inside graph replays not read yet."""
+    total = 0
+    for cap in _all():
+        with cap.lock:
+            total += cap.unread(recorder)
+    return total
+
+
+def lost_note(recorder: Any) -> str:
+    """The report's note on region calls of graphs that could not be timed, or ''."""
+    lost = sum(c.lost.get(id(recorder), 0) for c in _all())
+    full = sum(c.full for c in _all() if any(r is recorder for r in c.recorders))
+    notes = []
+    if lost:
+        notes.append(
+            f"{lost} region call(s) in CUDA graph replays were lost: the graph's timestamp ring "
+            f"wrapped before it was read (it holds {cap_words} timestamps per graph)"
+        )
+    if full:
+        notes.append(
+            f"{full} region call(s) captured into a CUDA graph are not timed: the graph has "
+            f"more than {cap_words} region boundaries"
+        )
+    return "; ".join(notes)
+
+
+# -- torch's CUDAGraph ------------------------------------------------------------------
+_installed = False
+
+
+def install() -> None:
+    """Wrap ``torch.cuda.CUDAGraph``'s capture and replay methods (once, at import). A graph
+    that holds no region replays through one dictionary lookup more."""
+    global _installed
+    import torch
+
+    cls = getattr(getattr(torch, "cuda", None), "CUDAGraph", None)
+    if _installed or cls is None:
+        return
+    names = ("capture_begin", "capture_end", "replay", "reset")
+    if not all(callable(getattr(cls, n, None)) for n in names):
+        return
+    _installed = True
+    begin, end, run, clear = (getattr(cls, n) for n in names)
+
+    def capture_begin_(self: Any, *args: Any, **kwargs: Any) -> Any:
+        capture_begin(self)
+        try:
+            return begin(self, *args, **kwargs)
+        except BaseException:
+            capture_failed()
+            raise
+
+    def capture_end_(self: Any) -> Any:
+        try:
+            capture_end(self)
+        except BaseException:  # the graph's own end comes first; its regions are left out
+            capture_failed()
+            end(self)
+            raise
+        return end(self)
+
+    def replay_(self: Any) -> Any:
+        if id(self) not in _by_graph:
+            return run(self)
+        return replay(self, lambda: run(self))
+
+    def reset_(self: Any) -> Any:
+        reset(self)
+        return clear(self)
+
+    for name, fn in zip(names, (capture_begin_, capture_end_, replay_, reset_), strict=True):
+        fn.__name__ = name
+        fn.__qualname__ = f"{cls.__qualname__}.{name}"
+        fn.__doc__ = getattr(cls, name).__doc__
+        fn.__wrapped__ = getattr(cls, name)  # type: ignore[attr-defined]
+        setattr(cls, name, fn)
