@@ -6,7 +6,7 @@ times ``cudatimer.html(path, summary=run)``, rendering and writing the file, bes
 ``--repeat``, and prints the file's size. Targets: <= 5 MB, <= 2 s.
 
     python benchmarks/html_report.py                     # 200 regions, 10^4 steps
-    python benchmarks/html_report.py --steps 100 --regions 20 --out /tmp/small.html
+    python benchmarks/html_report.py --steps 100 --regions 20 --out small.html
 """
 
 from __future__ import annotations
