@@ -131,11 +131,10 @@ def _regions(summary: Summary) -> dict[str, Any]:
     syncs = any(r.syncs for r in summary.regions)
     steps = summary.steps
     columns = [("region", "region", "text"), ("clock", "clock", "text"), ("calls", "calls", "int")]
-    pairs = (("total", "total"), ("self", "self"), ("mean", "mean"), ("p99", "p99"))
-    for key, title in pairs:
+    for key in ("total", "self", "mean", "p99"):  # GPU and CPU side by side
         if gpu:
-            columns.append((f"gpu_{key}", f"GPU {title} ms", "ms"))
-        columns.append((f"cpu_{key}", f"CPU {title} ms", "ms"))
+            columns.append((f"gpu_{key}", f"GPU {key} ms", "ms"))
+        columns.append((f"cpu_{key}", f"CPU {key} ms", "ms"))
     columns += [("pct_parent", "% parent", "pct"), ("pct_total", "% total", "pct")]
     if steps:
         columns.append(("per_step", "ms/step", "ms"))
@@ -186,19 +185,21 @@ def _chart(summary: Summary, top: int) -> dict[str, Any] | None:
             i = wanted.get((s.name, s.clock))
             if i is not None:
                 points[i][s.step] = s.gpu_ms if s.gpu_ms is not None else s.cpu_ms
-    steps = sorted(set().union(*points))
+    # A top region without per-step rows (it ran before the window only) draws no line.
+    drawn = [(r, got) for r, got in zip(chosen, points, strict=True) if got]
+    steps = sorted(set().union(*(got for _, got in drawn)))
     if len(steps) < 2:
         return None
     stride = -(-len(steps) // CHART_STEPS)  # ceil
     groups = [steps[k : k + stride] for k in range(0, len(steps), stride)]
     series = []
-    for r, got in zip(chosen, points, strict=True):
+    for r, got in drawn:
         values = []
         for group in groups:
             have = [got[s] for s in group if s in got]
             values.append(_num(sum(have) / len(have), _CHART_DIGITS) if have else None)
         series.append({"name": r.name, "clock": r.clock, "values": values})
-    kinds = {r.clock == "host" for r in chosen}
+    kinds = {r.clock == "host" for r, _ in drawn}
     unit = "ms per step" if len(kinds) > 1 else ("host" if True in kinds else "GPU") + " ms"
     note = (
         f"each point is the mean of {stride} consecutive steps ({len(steps)} steps)"
@@ -554,11 +555,15 @@ _SCRIPT = r"""
     const ths = cols.map((c, j) => {
       const side = c[0].startsWith("gpu_") ? " gpu" : c[0].startsWith("cpu_") ? " cpu" : "";
       const th = el("th", {class: (c[2] === "text" ? "text" : "num") + side, "data-key": c[0],
-        scope: "col", title: "sort by " + c[1]}, c[1]);
-      th.addEventListener("click", () => {
+        scope: "col", tabindex: "0", title: "sort by " + c[1]}, c[1]);
+      const sort = () => {
         if (sortCol === j) sortDir = -sortDir;
         else { sortCol = j; sortDir = c[2] === "text" ? 1 : -1; }
         render();
+      };
+      th.addEventListener("click", sort);
+      th.addEventListener("keydown", (e) => {
+        if (e.key === "Enter" || e.key === " ") { e.preventDefault(); sort(); }
       });
       head.append(th);
       return th;

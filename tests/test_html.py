@@ -304,3 +304,11 @@ def test_cli_html_unreadable_or_unwritable_exits_1(
     (tmp_path / "file").write_text("")
     assert main(["html", str(runs["gpu"]), "-o", str(tmp_path / "file" / "r.html")]) == 1
     assert "file" in capsys.readouterr().err
+
+
+def test_chart_leaves_out_top_regions_without_steps() -> None:
+    """A top region with no per-step rows draws no line (and no legend entry)."""
+    run = _long_run(5, 3)
+    run = dataclasses.replace(run, step_stats=tuple(s for s in run.step_stats if s.name != "r2"))
+    chart = data_of(render_html(run))["runs"][0]["chart"]
+    assert [s["name"] for s in chart["series"]] == ["r1", "r0"]
