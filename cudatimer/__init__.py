@@ -52,6 +52,7 @@ __all__ = [
     "disable",
     "enable",
     "export_trace",
+    "html",
     "instrument",
     "is_enabled",
     "load",
@@ -237,6 +238,27 @@ def plot(
     """Write a PNG of where time goes (top regions, GPU vs CPU, time per step) for the default
     Timer or ``summary``. Needs matplotlib."""
     _DEFAULT.plot(path, summary=summary, top=top, **window)
+
+
+def html(
+    path: str | os.PathLike[str] | Any,
+    *,
+    summary: Summary | RankSummary | None = None,
+    base: Summary | None = None,
+    top: int = 8,
+    title: str | None = None,
+    **options: Any,
+) -> None:
+    """Write one self-contained HTML report (no network needed to open it) of the default
+    Timer or ``summary``: the region tree (GPU and CPU time, sortable, collapsible), the
+    per-step time of the ``top`` regions, the sync sites, and with ``base`` a comparison.
+
+    ``summary`` may be a cross-rank ``RankSummary`` (``cudatimer.summary(all_ranks=True)``
+    on rank 0): the page then leads with the cross-rank table. ``options``: ``stat`` and
+    ``tolerance`` of the comparison, ``last``/``steps``/``warmup``, ``timeout_s``; see
+    :meth:`Timer.html`.
+    """
+    _DEFAULT.html(path, summary=summary, base=base, top=top, title=title, **options)
 
 
 if _exit.ENABLED:

@@ -4,6 +4,7 @@
     cudatimer compare BASE.json NEW.json [--stat mean|total|per_step|p50|p90|p99|min|max]
     cudatimer trace RUN.json -o trace.json     # open in https://ui.perfetto.dev
     cudatimer plot RUN.json -o report.png      # needs matplotlib
+    cudatimer html RUN.json -o report.html     # one page, no network; html BASE.json NEW.json
     cudatimer csv RUN.json -o regions.csv [--what regions|steps|trace]
 
     cudatimer --version                        # version, torch, and which recorder core runs
@@ -25,7 +26,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ._export import WHATS, load, to_csv
+from ._export import RANKS_FORMAT, WHATS, load, read_json, summary_from_dict, to_csv
+from ._ranks import RankSummary
 from ._records import Summary
 from ._report import COLUMNS, COMPARE_STATS, SORTS, VIEWS, render, render_compare
 from ._timer import core_line
@@ -84,6 +86,23 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("-o", "--output", help="default: RUN.png")
     plot.add_argument("--top", type=_positive, default=12, help="how many regions to draw")
 
+    html = sub.add_parser(
+        "html", help="write a self-contained HTML report; of two runs, a comparison"
+    )
+    html.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="a saved run (or a cross-rank file); two runs, BASE NEW, are compared",
+    )
+    html.add_argument("-o", "--output", help="default: RUN.html (NEW-vs-BASE.html for two)")
+    html.add_argument("--top", type=_positive, default=8, help="regions in the per-step chart")
+    html.add_argument("--title", help="the page's title")
+    html.add_argument("--stat", choices=COMPARE_STATS, default="mean", help="of the comparison")
+    html.add_argument(
+        "--tolerance", type=float, default=0.02, help="changes within it read 'same' (0.02=2%%)"
+    )
+
     csv = sub.add_parser("csv", help="write regions, per-step stats or trace samples as CSV")
     csv.add_argument("run")
     csv.add_argument("-o", "--output", help="default: standard output")
@@ -137,6 +156,14 @@ def _check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             _show(empty, args)
         elif command == "compare":
             render_compare(empty, empty, fmt=args.fmt, tolerance=args.tolerance)
+        elif command == "html":
+            if len(args.runs) > 2:
+                raise ValueError(
+                    f"give one run, or two to compare (BASE NEW); got {len(args.runs)} files"
+                )
+            from ._html import render_html
+
+            render_html(empty, base=empty, top=args.top, title=args.title, tolerance=args.tolerance)
     except (TypeError, ValueError) as exc:
         parser.error(f"{command}: {exc}")
 
@@ -171,6 +198,8 @@ def _run(args: argparse.Namespace) -> str:
         return render_compare(
             base, new, stat=args.stat, fmt=args.fmt, tolerance=args.tolerance, labels=labels
         )
+    if args.command == "html":
+        return _html(args)
     summary: Summary = load(args.run)
     if args.command == "show":
         return _show(summary, args)
@@ -191,6 +220,38 @@ def _run(args: argparse.Namespace) -> str:
         return ""
     to_csv(summary, args.output, what=args.what)
     return f"wrote {args.output}"
+
+
+def _load_run(path: str) -> Summary | RankSummary:
+    """A run saved with ``save()``, or a cross-rank file (``python -m cudatimer.distributed
+    merge``) as a RankSummary."""
+    data = read_json(path)
+    if isinstance(data, dict) and data.get("format") == RANKS_FORMAT:
+        from .distributed import load_ranks
+
+        return load_ranks(path)
+    try:
+        return summary_from_dict(data)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+
+
+def _html(args: argparse.Namespace) -> str:
+    from ._html import write_html
+
+    options = {"top": args.top, "title": args.title}
+    if len(args.runs) == 1:
+        (path,) = args.runs
+        out = args.output or f"{_stem(path)}.html"
+        write_html(_load_run(path), out, **options)
+        return f"wrote {out}"
+    base_path, new_path = args.runs
+    base, new = load(base_path), load(new_path)
+    out = args.output or f"{_stem(new_path)}-vs-{os.path.basename(_stem(base_path))}.html"
+    if args.title is None:
+        options["title"] = f"cudatimer: {new_path} (new) against {base_path} (base)"
+    write_html(new, out, base=base, stat=args.stat, tolerance=args.tolerance, **options)
+    return f"wrote {out}"
 
 
 def _silence_stdout() -> None:

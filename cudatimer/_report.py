@@ -25,6 +25,9 @@ __all__ = [
     "HOST_BOUND_RATIO",
     "SORTS",
     "VIEWS",
+    "Compared",
+    "compare_note",
+    "compared",
     "emit",
     "render",
     "render_compare",
@@ -469,6 +472,73 @@ def _stat(r: RegionStats, stat: str, steps: int) -> float:
     return hist.quantile(int(stat[1:]) / 100.0)
 
 
+@dataclass(frozen=True)
+class Compared:
+    """One region of a comparison: its ``stat`` in both runs (NaN where absent or untimed),
+    new / base (None where either is missing or not positive) and the verdict's text."""
+
+    name: str
+    clock: str
+    base_ms: float
+    new_ms: float
+    ratio: float | None
+    change: str
+
+
+def compared(
+    base: Summary,
+    new: Summary,
+    *,
+    stat: str = "mean",
+    tolerance: float = 0.02,
+    labels: tuple[str, str] = ("base", "new"),
+) -> list[Compared]:
+    """The rows of :func:`render_compare` as data (base's regions first, then new's own), after
+    the same checks; the HTML report's comparison reads them too."""
+    for name, value in (("base", base), ("new", new)):
+        if not isinstance(value, Summary):
+            raise TypeError(f"{name} must be a cudatimer.Summary, got {type(value).__name__}")
+    if stat not in COMPARE_STATS:
+        raise ValueError(f"stat must be one of {', '.join(COMPARE_STATS)}; got {stat!r}")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)):
+        raise TypeError(f"tolerance must be a fraction (float), got {type(tolerance).__name__}")
+    if tolerance < 0:
+        raise ValueError(f"tolerance must be a fraction >= 0, got {tolerance!r}")
+    if stat == "per_step" and not (base.steps and new.steps):
+        raise ValueError("stat='per_step' needs both runs to have marked steps (step())")
+    old_rows = {(r.name, r.clock): r for r in base.regions}
+    new_rows = {(r.name, r.clock): r for r in new.regions}
+    out = []
+    for key in list(old_rows) + [k for k in new_rows if k not in old_rows]:
+        a, b = old_rows.get(key), new_rows.get(key)
+        x = _stat(a, stat, base.steps) if a else math.nan
+        y = _stat(b, stat, new.steps) if b else math.nan
+        ratio: float | None = None
+        if a is None:
+            verdict = f"only in {labels[1]}"
+        elif b is None:
+            verdict = f"only in {labels[0]}"
+        elif math.isnan(x) or math.isnan(y) or x <= 0 or y <= 0:
+            verdict = "-"
+        else:
+            ratio = y / x
+            if abs(ratio - 1.0) <= tolerance:
+                verdict = "same"
+            elif ratio < 1.0:
+                verdict = f"{1.0 / ratio:.2f}x faster"
+            else:
+                verdict = f"{ratio:.2f}x slower"
+        out.append(Compared(key[0], key[1], x, y, ratio, verdict))
+    return out
+
+
+def compare_note(stat: str, tolerance: float) -> str:
+    return (
+        f"{stat} per region; GPU time where timed on the GPU, else host time; "
+        f"'same' = within {100 * tolerance:g}%"
+    )
+
+
 def render_compare(
     base: Summary,
     new: Summary,
@@ -491,36 +561,18 @@ def render_compare(
     if stat not in COMPARE_STATS:
         raise ValueError(f"stat must be one of {', '.join(COMPARE_STATS)}; got {stat!r}")
     fmt = _check_fmt(fmt)
-    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)):
-        raise TypeError(f"tolerance must be a fraction (float), got {type(tolerance).__name__}")
-    if tolerance < 0:
-        raise ValueError(f"tolerance must be a fraction >= 0, got {tolerance!r}")
-    if stat == "per_step" and not (base.steps and new.steps):
-        raise ValueError("stat='per_step' needs both runs to have marked steps (step())")
-    old_rows = {(r.name, r.clock): r for r in base.regions}
-    new_rows = {(r.name, r.clock): r for r in new.regions}
-    keys = list(old_rows) + [k for k in new_rows if k not in old_rows]
-    table = []
-    for key in keys:
-        a, b = old_rows.get(key), new_rows.get(key)
-        x = _stat(a, stat, base.steps) if a else math.nan
-        y = _stat(b, stat, new.steps) if b else math.nan
-        if a is None:
-            ratio, verdict = "-", f"only in {labels[1]}"
-        elif b is None:
-            ratio, verdict = "-", f"only in {labels[0]}"
-        elif math.isnan(x) or math.isnan(y) or x <= 0 or y <= 0:
-            ratio, verdict = "-", "-"
-        else:
-            q = y / x
-            ratio = f"{q:.3f}"
-            if abs(q - 1.0) <= tolerance:
-                verdict = "same"
-            elif q < 1.0:
-                verdict = f"{1.0 / q:.2f}x faster"
-            else:
-                verdict = f"{q:.2f}x slower"
-        table.append([elide(key[0]), key[1], _ms(x), _ms(y), ratio, verdict])
+    rows = compared(base, new, stat=stat, tolerance=tolerance, labels=labels)
+    table = [
+        [
+            elide(c.name),
+            c.clock,
+            _ms(c.base_ms),
+            _ms(c.new_ms),
+            "-" if c.ratio is None else f"{c.ratio:.3f}",
+            c.change,
+        ]
+        for c in rows
+    ]
     if not table:
         return "cudatimer: no regions in either run"
     unit = "ms/step" if stat == "per_step" else f"{stat} ms"
@@ -536,11 +588,7 @@ def render_compare(
     text: str = tabulate(
         table, headers=headers, tablefmt=fmt, disable_numparse=True, colalign=align
     )
-    note = (
-        f"\nnote: {stat} per region; GPU time where timed on the GPU, else host time; "
-        f"'same' = within {100 * tolerance:g}%"
-    )
-    return text + note
+    return text + f"\nnote: {compare_note(stat, tolerance)}"
 
 
 # -- cross-rank table (cudatimer.distributed) -------------------------------------------------

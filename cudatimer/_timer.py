@@ -29,6 +29,7 @@ from typing_extensions import Unpack  # a dependency of torch; imported for get_
 from . import _compile, _core, _device
 from ._config import DISABLED_AT_IMPORT, PURE_PYTHON
 from ._nvtx import Domain, resolve_color
+from ._ranks import RankSummary
 from ._recorder import Recorder
 from ._records import StepStats, Summary
 
@@ -820,6 +821,50 @@ class Timer:
         else:
             result = self._resolved(summary, timeout_s, window, step_stats=True)
         plot(result, path, top=top)
+
+    def html(
+        self,
+        path: str | os.PathLike[str] | IO[str],
+        *,
+        summary: Summary | RankSummary | None = None,
+        base: Summary | None = None,
+        top: int = 8,
+        title: str | None = None,
+        stat: str = "mean",
+        tolerance: float = 0.02,
+        timeout_s: float = 60.0,
+        **window: Any,
+    ) -> None:
+        """Write one self-contained HTML page (no network needed to open it) of this Timer's
+        results, or of ``summary`` (a Summary, or a cross-rank ``RankSummary``): the region
+        tree with GPU and CPU time side by side, sortable and collapsible, the per-step time
+        of the ``top`` regions, the sync sites. ``base``: compare with that run first (as
+        ``cudatimer compare BASE NEW``, by ``stat``). ``window``: last/steps/warmup.
+
+        >>> import cudatimer, io
+        >>> t = cudatimer.Timer(name="page")
+        >>> with t.region("step"):
+        ...     pass
+        >>> page = io.StringIO()
+        >>> t.html(page)
+        >>> "</html>" in page.getvalue()
+        True
+        """
+        from ._html import write_html
+
+        run: Summary | RankSummary
+        if isinstance(summary, RankSummary):
+            if window:
+                raise TypeError(
+                    f"{', '.join(sorted(window))}: a window applies to a Timer's own results; "
+                    "a given summary is rendered as it is"
+                )
+            run = summary
+        elif summary is None and window:
+            run = self._windowed("html", timeout_s, window, step_stats=True)
+        else:
+            run = self._resolved(summary, timeout_s, window, step_stats=True)
+        write_html(run, path, base=base, top=top, title=title, stat=stat, tolerance=tolerance)
 
 
 #: Every live Timer (sync detection, the report at exit and fork handling look them up).

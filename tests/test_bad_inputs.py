@@ -109,6 +109,11 @@ CASES: list[Case] = [
     ("plot", lambda: cudatimer.plot(3), TypeError, "path"),
     ("plot", lambda: cudatimer.plot("/tmp/p.png", top=0), ValueError, "top"),
     ("plot", lambda: cudatimer.plot("/tmp/p.png", top="x"), TypeError, "top"),
+    ("html", lambda: cudatimer.html(3), TypeError, "path"),
+    ("html", lambda: cudatimer.html("/tmp/h.html", top=0), ValueError, "top"),
+    ("html", lambda: cudatimer.html("/tmp/h.html", summary=1), TypeError, "summary"),  # type: ignore[arg-type]
+    ("html", lambda: cudatimer.html("/tmp/h.html", base=1), TypeError, "base"),  # type: ignore[arg-type]
+    ("html", lambda: cudatimer.html("/tmp/h.html", stat="x"), ValueError, "stat"),
     ("load", lambda: cudatimer.load(3), TypeError, "path"),  # type: ignore[arg-type]
     ("save", lambda: cudatimer.save(3), TypeError, "path"),  # type: ignore[arg-type]
     ("export_trace", lambda: cudatimer.export_trace(3), TypeError, "path"),

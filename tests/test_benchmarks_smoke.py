@@ -418,3 +418,16 @@ def test_compile_targets_runs_on_the_cpu(tmp_path: Path) -> None:
     assert got["modules"] > 0 and got["regions_with_gpu_time"] == got["modules"]
     assert got["calls_per_module"] == [2]
     assert got["ratio"] > 0 and got["compiled_region_us"] > 0
+
+
+def test_html_report_benchmark_runs_small() -> None:
+    """html_report.py builds a run of N regions and steps, writes its page, prints size and time."""
+    script = ROOT / "benchmarks" / "html_report.py"
+    args = ["--steps", "30", "--regions", "12", "--repeat", "1"]
+    out = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    first = out.stdout.splitlines()[0]
+    assert first.startswith("html report: 12 regions, 30 steps (360 step rows"), first
+    assert " MB in " in first and out.stdout.splitlines()[1] == "targets met"

@@ -90,7 +90,7 @@ def test_csv_to_stdout_and_file(
         ('{"format": "cudatimer.summary", "schema": 99}', "schema 99 is not supported"),
     ],
 )
-@pytest.mark.parametrize("command", ["show", "trace", "plot", "csv"])
+@pytest.mark.parametrize("command", ["show", "trace", "plot", "csv", "html"])
 def test_bad_files_exit_1_with_message(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],

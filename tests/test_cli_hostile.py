@@ -53,7 +53,7 @@ def test_hostile_fixtures_are_what_they_say() -> None:
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
-@pytest.mark.parametrize("command", ["show", "trace", "plot", "csv", "compare"])
+@pytest.mark.parametrize("command", ["show", "trace", "plot", "csv", "html", "compare"])
 def test_hostile_file_exits_1_with_message(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, name: str
 ) -> None:

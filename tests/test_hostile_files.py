@@ -265,7 +265,17 @@ def _write_plot(path: Path) -> None:
     cudatimer.plot(path, summary=gpu_run())
 
 
-WRITERS = {"save": _write_save, "trace": _write_trace, "csv": _write_csv, "plot": _write_plot}
+def _write_html(path: Path) -> None:
+    cudatimer.html(path, summary=gpu_run())
+
+
+WRITERS = {
+    "save": _write_save,
+    "trace": _write_trace,
+    "csv": _write_csv,
+    "plot": _write_plot,
+    "html": _write_html,
+}
 
 
 @pytest.mark.parametrize("previous", [None, b"previous run"], ids=["new", "existing"])

@@ -70,7 +70,7 @@ def test_recorder_layers_in_order() -> None:
     graph = _graph()
     for records in ("_records", "_hist"):
         assert not graph[records] & {"_core", "_device", "_recorder", "_timer", "_view"}
-    for renderer in ("_report", "_export", "_plot"):
+    for renderer in ("_report", "_export", "_plot", "_html"):
         assert not graph[renderer] & {"_core", "_device", "_recorder", "_timer"}, renderer
     tabulate_users = {
         p.stem
