@@ -142,7 +142,7 @@ def test_a_raising_sink_is_reported_and_training_goes_on(tmp_path: Path) -> None
 
 def test_bad_arguments_name_what_was_expected() -> None:
     """attach() needs a Trainer; names must be three region names."""
-    with pytest.raises(TypeError, match="trainer must be a transformers.Trainer"):
+    with pytest.raises(TypeError, match=r"trainer must be a transformers\.Trainer"):
         cudatimer.hf.attach(object())
     with pytest.raises(TypeError, match="names must be a tuple of 3"):
         cudatimer.hf.CudaTimerCallback(names=("a", "b"))  # type: ignore[arg-type]
