@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -78,7 +79,7 @@ def test_lightning_fit_on_gpu_has_gpu_rows_and_adds_no_sync() -> None:
     assert clocks == {"cuda:0"} and all(r[3] is not None and r[3] >= 0 for t in fed for r in t.rows)
 
 
-def test_hf_trainer_on_gpu_has_gpu_rows_and_adds_no_sync() -> None:
+def test_hf_trainer_on_gpu_has_gpu_rows_and_adds_no_sync(tmp_path: Path) -> None:
     """A transformers Trainer run on cuda:0: step phases on the GPU clock, no sync added."""
     transformers = pytest.importorskip("transformers")
     import cudatimer.hf
@@ -92,7 +93,7 @@ def test_hf_trainer_on_gpu_has_gpu_rows_and_adds_no_sync() -> None:
             vocab_size=64, n_positions=8, n_embd=16, n_layer=1, n_head=2
         )
         args = transformers.TrainingArguments(
-            output_dir="hf-gpu-test-out",
+            output_dir=str(tmp_path / "out"),
             max_steps=STEPS,
             per_device_train_batch_size=2,
             logging_steps=2,
