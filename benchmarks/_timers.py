@@ -408,6 +408,62 @@ class LightningSimple(TimerAdapter):
         return text
 
 
+def _lightning_profilers() -> types.ModuleType:
+    try:
+        return importlib.import_module("lightning.pytorch.profilers")
+    except ImportError as exc:
+        raise SkipTimer(f"lightning is not installed ({exc})") from None
+
+
+class LightningCudatimer(TimerAdapter):
+    """``cudatimer.lightning.CudaTimerProfiler().profile(name)``: each action a cudatimer
+    region through Lightning's Profiler interface (start/stop), as ``Trainer(profiler=...)``
+    calls it; GPU time, no sync."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        _lightning_profilers()
+        import cudatimer
+        from cudatimer.lightning import CudaTimerProfiler
+
+        self._timer: Any = cudatimer.Timer("bench-lightning")
+        self._prof = CudaTimerProfiler(timer=self._timer, mark_steps=False)
+        self.region = self._prof.profile
+
+    def drain(self) -> int:
+        n = int(sum(r.calls for r in self._timer.summary().regions))
+        self._timer.reset()
+        self._prof._regions = {}  # reset() released the Regions; make them again
+        return n
+
+    def resolve(self) -> None:
+        self._timer.summary()
+
+    def report(self) -> str:
+        return self._prof.summary()
+
+
+class LightningPyTorch(TimerAdapter):
+    """Lightning's ``PyTorchProfiler().profile(name)``: a torch.profiler session (started at
+    the first action) and a ``record_function`` per action; stopped after each block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._prof: Any = _lightning_profilers().PyTorchProfiler()
+        # Its default schedule advances only on Lightning's own step actions (a Trainer's
+        # training_step): outside a Trainer it would stay in "wait" and record nothing, so
+        # the session records throughout, as it does in a Trainer's active steps.
+        self._prof._schedule = None
+        self._prof._profiler_kwargs.pop("schedule", None)
+        self.region = self._prof.profile
+
+    def end_round(self) -> None:
+        self._prof.teardown(stage=None)  # stops the session; the next action starts one
+
+    def report(self) -> str:
+        return "Lightning PyTorchProfiler: session stopped after each block"
+
+
 def _import_torchtnt_timer() -> types.ModuleType:
     """``torchtnt.utils.timer``; when the package's ``__init__`` fails on an import the timer
     does not need (0.2.4 imports ``pkg_resources``, gone from recent setuptools), load the
@@ -623,6 +679,19 @@ TIMERS: tuple[TimerSpec, ...] = (
         "lightning-simple",
         "lightning SimpleProfiler().profile(name): host clock, no sync",
         LightningSimple,
+    ),
+    TimerSpec(
+        "lightning-cudatimer",
+        "cudatimer.lightning.CudaTimerProfiler().profile(name): cudatimer regions, no sync",
+        LightningCudatimer,
+        default=False,
+    ),
+    TimerSpec(
+        "lightning-pytorch",
+        "lightning PyTorchProfiler().profile(name): torch.profiler + record_function",
+        LightningPyTorch,
+        default=False,
+        profiler_based=True,
     ),
     TimerSpec(
         "torchtnt",

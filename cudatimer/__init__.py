@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from . import _exit, _timer
 from ._export import load
+from ._feed import StepFeed, StepTimes
 from ._graphs import timed_replay
 from ._hist import ALPHA, Histogram
 from ._instrument import Instrumented, instrument
@@ -38,7 +39,9 @@ __all__ = [
     "Instrumented",
     "Region",
     "RegionStats",
+    "StepFeed",
     "StepStats",
+    "StepTimes",
     "Summary",
     "SyncDetection",
     "SyncSite",

@@ -247,6 +247,10 @@ class Store:
         closed elsewhere: a generator collected on another thread); False if none."""
 
     def snapshot(self, series: bool = False, trace: bool = False) -> Snapshot: ...
+    def step_rows(self, first: int, stop: int) -> list[SeriesRow]:
+        """The rows of the kept steps with ``first <= step < stop`` (as ``snapshot(series=True)``
+        gives them), in the order the steps were kept; changes nothing. Costs the rows asked
+        for, not every kept step's: what a per-step feed reads as steps finish."""
     def pending(self) -> int: ...
 
 class RegionBase:

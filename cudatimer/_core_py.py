@@ -840,6 +840,18 @@ class Store:
             items = [TraceItem._make(t) for t in self._trace] if trace else []
         return Snapshot(stats, kept, dropped, rows, items)
 
+    def step_rows(self, first: int, stop: int) -> list[SeriesRow]:
+        """The rows of the kept steps with ``first <= step < stop``, in the order the steps were
+        kept; changes nothing. A per-step feed reads each new step once through this, paying
+        for that step's rows only (``snapshot(series=True)`` copies every kept step's)."""
+        with _LOCK:
+            return [
+                SeriesRow(step, slot, dev, g.tobytes(), c.tobytes())
+                for step, rec in self._steps.items()
+                if first <= step < stop
+                for (slot, dev), (g, c) in rec.rows.items()
+            ]
+
     def orphan(self, region: Any) -> bool:
         """Mark the innermost frame of ``region`` on another thread's stack ORPHAN: its call
         was closed elsewhere (a generator suspended inside a region, closed by the garbage

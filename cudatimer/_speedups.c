@@ -2505,6 +2505,42 @@ store_snapshot_m(StoreObj *s, PyObject *args, PyObject *kwds)
     return r;
 }
 
+/* step_rows(first, stop): the rows of the kept steps with first <= step < stop, in the order
+ * the steps were kept; what a per-step feed reads as steps finish. It tests each kept step's
+ * number (keep_steps of them, 1000 by default) and copies only the rows asked for, so a
+ * feed that reads one new step at a time pays for that step's rows, never for every kept
+ * step's, as snapshot(series=True) would. No Python code runs while the rows are copied. */
+static PyObject *
+store_step_rows_m(StoreObj *s, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"first", "stop", NULL};
+    long long first = 0, stop = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "LL:step_rows", kw, &first, &stop)) {
+        return NULL;
+    }
+    int was = gc_off();
+    PyObject *rows = PyList_New(0);
+    for (Py_ssize_t i = 0; rows != NULL && i < s->nsteps; i++) {
+        StepRec *rec = s->steps[i];
+        if (rec->step < first || rec->step >= stop) {
+            continue;
+        }
+        for (Py_ssize_t k = 0; k < rec->nrows; k++) {
+            Row *w = &rec->rows[k];
+            Py_ssize_t nb = w->n * (Py_ssize_t)sizeof(double);
+            if (!list_append_new(rows, make_struct(&SeriesRowType, "(LLiy#y#)",
+                                                   (long long)rec->step, (long long)w->slot,
+                                                   w->dev, (const char *)w->g, nb,
+                                                   (const char *)w->c, nb))) {
+                Py_CLEAR(rows);
+                break;
+            }
+        }
+    }
+    gc_restore(was);
+    return rows;
+}
+
 static Py_ssize_t
 count_pending(StoreObj *only)
 {
@@ -2569,6 +2605,8 @@ static PyMethodDef store_methods[] = {
      "count(slot, gen, dev): count a call that was not timed (every=N)."},
     {"snapshot", (PyCFunction)(void (*)(void))store_snapshot_m, METH_VARARGS | METH_KEYWORDS,
      "snapshot(series=False, trace=False) -> Snapshot: a copy; changes nothing."},
+    {"step_rows", (PyCFunction)(void (*)(void))store_step_rows_m, METH_VARARGS | METH_KEYWORDS,
+     "step_rows(first, stop) -> [SeriesRow]: the rows of the kept steps in [first, stop)."},
     {"pending", (PyCFunction)store_pending_m, METH_NOARGS,
      "This store's samples still waiting for the GPU."},
     {"orphan", (PyCFunction)store_orphan_m, METH_O, store_orphan_doc},

@@ -436,3 +436,58 @@ def test_orphan_marks_another_threads_frame(bench: _Bench) -> None:
     thread.join()
     assert got == [True, False]  # already an orphan: nothing more to mark
     store.stack().clear()
+
+
+def _step_rows_run(b: _Bench) -> list[list[tuple[int, str, int, bytes]]]:
+    """Three steps on the fake GPU, one held; step_rows over several ranges."""
+    core, gpu = b.core, b.gpu
+    b.stream()
+    store = core.Store(2, 0, 5, b.child)  # keeps 2 steps: step 0 is evicted by step 2
+    outer, inner = b.region(store, "outer"), b.region(store, "inner")
+    for ms in (1.0, 2.0, 3.0):
+        with outer:
+            gpu.run(ms)
+            with inner:
+                gpu.run(ms / 2)
+        store.step += 1
+    core.drain(1.0)
+    ranges = ((0, 3), (1, 2), (2, 3), (2, 2), (5, 9), (-1, 10**12))
+    return [
+        sorted((r.step, b.paths[r.slot], r.dev, bytes(r.gpu_ms)) for r in store.step_rows(*ab))
+        for ab in ranges
+    ]
+
+
+def test_step_rows_are_the_kept_rows_in_the_range(bench: _Bench) -> None:
+    """step_rows(first, stop) gives the snapshot's series rows of the kept steps in range."""
+    got = _step_rows_run(bench)
+    whole, one, two, empty, later, everything = got
+    assert sorted({s for s, *_ in whole}) == [1, 2]  # step 0 is no longer kept
+    assert {s for s, *_ in one} == {1} and {s for s, *_ in two} == {2}
+    assert empty == [] and later == [] and everything == whole
+    assert {(s, p) for s, p, *_ in whole} == {
+        (1, "outer"),
+        (1, "outer/inner"),
+        (2, "outer"),
+        (2, "outer/inner"),
+    }
+
+
+@needs_c
+def test_step_rows_agree_between_cores() -> None:
+    """The C core's step_rows gives what the Python reference gives, byte for byte."""
+    results = []
+    for core in (_core_py, C_CORE):
+        b = _Bench(core)  # type: ignore[arg-type]
+        core.forget_streams()
+        core.set_stream_getter(b.gpu.get_stream, False)
+        core.set_usable(True)
+        try:
+            results.append(_step_rows_run(b))
+        finally:
+            core.forget_streams()
+            core.set_usable(False)
+            core.set_stream_getter(None, False)
+    _device.use(_device.use(None))
+    assert results[0] == results[1]
+    assert len(results[0][0]) == 4

@@ -1,0 +1,91 @@
+"""Sinks for :class:`cudatimer.StepFeed`: where finished steps' region times go.
+
+A sink is any callable taking a :class:`cudatimer.StepTimes`; these adapters write one to a
+dashboard. Neither imports its library until it is called for (TensorBoard's writer is
+passed in; wandb is an optional dependency)::
+
+    from torch.utils.tensorboard import SummaryWriter
+    import cudatimer, cudatimer.sinks
+
+    feed = cudatimer.StepFeed(cudatimer.sinks.tensorboard(SummaryWriter("runs/x")))
+    for batch in loader:
+        with cudatimer.cuda_region("train_step"):
+            ...
+        feed.step()          # marks the step; sends the steps the GPU has finished
+    feed.close()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._feed import Sink, StepTimes
+
+__all__ = ["Sink", "StepTimes", "tensorboard", "wandb"]
+
+
+def _check_prefix(prefix: object) -> str:
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+    return prefix
+
+
+def tensorboard(writer: Any, *, prefix: str = "cudatimer/") -> Sink:
+    """A sink writing each step's scalars (``StepTimes.scalars(prefix)``) to a
+    ``torch.utils.tensorboard.SummaryWriter`` (or anything with its ``add_scalar(tag,
+    value, global_step)``), at ``global_step`` = the cudatimer step. The writer flushes on
+    its own schedule; nothing here waits on it.
+
+    >>> import cudatimer, cudatimer.sinks
+    >>> class Writer:  # a stand-in with SummaryWriter's add_scalar
+    ...     def add_scalar(self, tag, value, global_step=None):
+    ...         print(tag, global_step)
+    >>> sink = cudatimer.sinks.tensorboard(Writer())
+    >>> sink(cudatimer.StepTimes(3, ()))   # no regions: nothing written
+    """
+    add_scalar = getattr(writer, "add_scalar", None)
+    if not callable(add_scalar):
+        raise TypeError(
+            f"writer must be a torch.utils.tensorboard.SummaryWriter (something with "
+            f"add_scalar(tag, value, global_step)), got {type(writer).__name__}"
+        )
+    head = _check_prefix(prefix)
+
+    def to_tensorboard(times: StepTimes) -> None:
+        for tag, value in times.scalars(head).items():
+            add_scalar(tag, value, global_step=times.step)
+
+    return to_tensorboard
+
+
+def wandb(run: Any = None, *, prefix: str = "cudatimer/") -> Sink:
+    """A sink logging each step's scalars to a wandb run (``run``, default: the current
+    ``wandb.run`` when the first step arrives), against its own x-axis ``{prefix}step``.
+
+    Finished steps arrive behind the run's own steps (the GPU is behind the host), and
+    wandb drops values logged with a ``step=`` lower than its current one: so the values are
+    logged without ``step=``, with ``{prefix}step`` set to the cudatimer step and declared
+    as their step metric (``define_metric``), once per run.
+    """
+    head = _check_prefix(prefix)
+    if run is not None and not callable(getattr(run, "log", None)):
+        raise TypeError(f"run must be a wandb Run (with log()), got {type(run).__name__}")
+    defined: list[Any] = []
+
+    def to_wandb(times: StepTimes) -> None:
+        target = run
+        if target is None:
+            import wandb as wandb_module  # optional: only a user of this sink needs it
+
+            target = wandb_module.run
+            if target is None:
+                raise RuntimeError("no wandb run is active: call wandb.init() first")
+        if not any(r is target for r in defined):
+            target.define_metric(f"{head}step")
+            target.define_metric(f"{head}*", step_metric=f"{head}step")
+            defined.append(target)
+        values: dict[str, float] = {f"{head}step": times.step}
+        values.update(times.scalars(head))
+        target.log(values)
+
+    return to_wandb
