@@ -241,6 +241,22 @@ class Store:
         stream: int,
         skipped: bool,
     ) -> None: ...
+    def record_block(
+        self,
+        gen: int,
+        dev: int,
+        slots: Any,
+        gpu_ms: Any,
+        at_ns: Any,
+        step: Any,
+        t0_ns: Any,
+        tid: Any,
+        stream: Any,
+    ) -> None:
+        """Fold m x c finished samples at once (a CUDA graph's replays): sample k is slot
+        ``slots[k % c]`` of replay ``k // c``. Buffers of native 8-byte values: ``slots`` (c
+        int64), ``gpu_ms`` and ``at_ns`` (m*c float64), ``step``, ``t0_ns``, ``tid``,
+        ``stream`` (m int64 each). CPU time is 0; ValueError on a length that does not fit."""
     def count(self, slot: int, gen: int, dev: int) -> None: ...
     def orphan(self, region: Any) -> bool:
         """Mark the innermost frame of ``region`` on another thread's stack ORPHAN (a call

@@ -729,6 +729,38 @@ class Store:
         with _LOCK:
             self._fold(slot, gen, dev, gpu_ms, cpu_ms, step, t0_ns, tid, at_ns, stream, skipped)
 
+    def record_block(
+        self,
+        gen: int,
+        dev: int,
+        slots: Any,
+        gpu_ms: Any,
+        at_ns: Any,
+        step: Any,
+        t0_ns: Any,
+        tid: Any,
+        stream: Any,
+    ) -> None:
+        """Fold m x c samples at once (a CUDA graph's replays): sample k is ``slots[k % c]``
+        of replay ``k // c``; buffers of native int64 / float64 values; CPU time 0."""
+        views = [memoryview(b).cast("B") for b in (slots, gpu_ms, at_ns, step, t0_ns, tid, stream)]
+        c, m = len(views[0]) // 8, len(views[3]) // 8
+        names = ("slots", "gpu_ms", "at_ns", "step", "t0_ns", "tid", "stream")
+        for name, view, want in zip(names, views, (None, m * c, m * c, None, m, m, m), strict=True):
+            if len(view) % 8 or (want is not None and len(view) // 8 != want):
+                raise ValueError(
+                    f"record_block: {name} must hold {want if want is not None else -1} "
+                    f"8-byte values, got {len(view)} bytes"
+                )
+        sl, st, t0, td, sm = (views[i].cast("q") for i in (0, 3, 4, 5, 6))
+        gpu, at = views[1].cast("d"), views[2].cast("d")
+        fold = self._fold
+        with _LOCK:
+            for i in range(m):
+                for j in range(c):
+                    k = i * c + j
+                    fold(sl[j], gen, dev, gpu[k], 0.0, st[i], t0[i], td[i], at[k], sm[i], False)
+
     def count(self, slot: int, gen: int, dev: int) -> None:
         """Count a call that was not timed (``every=N``)."""
         with _LOCK:

@@ -2341,6 +2341,67 @@ store_record_m(StoreObj *s, PyObject *args, PyObject *kwds)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(store_record_block_doc,
+"record_block(gen, dev, slots, gpu_ms, at_ns, step, t0_ns, tid, stream)\n\n"
+"Fold m x c finished samples at once (the replays of a CUDA graph): sample k is slot\n"
+"slots[k % c] of replay k // c. Buffers of native 8-byte values: slots (c int64), gpu_ms and\n"
+"at_ns (m*c float64), step, t0_ns, tid, stream (m int64 each). CPU time is 0.");
+
+static int
+block_len(Py_buffer *b, const char *name, Py_ssize_t want)
+{
+    if (b->len % 8 != 0 || (want >= 0 && b->len / 8 != want)) {
+        PyErr_Format(PyExc_ValueError,
+                     "record_block: %s must hold %zd 8-byte values, got %zd bytes", name,
+                     want, b->len);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+store_record_block_m(StoreObj *s, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"gen", "dev",   "slots", "gpu_ms", "at_ns", "step",
+                         "t0_ns", "tid", "stream", NULL};
+    long long gen;
+    int dev;
+    Py_buffer b[7];
+    memset(b, 0, sizeof(b));
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Liy*y*y*y*y*y*y*:record_block", kw, &gen,
+                                     &dev, &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &b[6])) {
+        return NULL;
+    }
+    PyObject *res = NULL;
+    Py_ssize_t c = b[0].len / 8, m = b[3].len / 8;
+    if (block_len(&b[0], "slots", -1) < 0 || block_len(&b[3], "step", -1) < 0
+        || block_len(&b[1], "gpu_ms", m * c) < 0 || block_len(&b[2], "at_ns", m * c) < 0
+        || block_len(&b[4], "t0_ns", m) < 0 || block_len(&b[5], "tid", m) < 0
+        || block_len(&b[6], "stream", m) < 0) {
+        goto done;
+    }
+    const int64_t *slots = b[0].buf, *step = b[3].buf, *t0 = b[4].buf, *tid = b[5].buf,
+                  *stream = b[6].buf;
+    const double *gpu = b[1].buf, *at = b[2].buf;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        for (Py_ssize_t j = 0; j < c; j++) {
+            Py_ssize_t k = i * c + j;
+            if (store_fold(s, slots[j], gen, dev, gpu[k], 0.0, step[i], t0[i], tid[i], at[k],
+                           stream[i], 0) < 0) {
+                goto done;
+            }
+        }
+    }
+    res = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < 7; i++) {
+        if (b[i].obj != NULL) {
+            PyBuffer_Release(&b[i]);
+        }
+    }
+    return res;
+}
+
 static PyObject *
 store_count_m(StoreObj *s, PyObject *args, PyObject *kwds)
 {
@@ -2601,6 +2662,8 @@ static PyMethodDef store_methods[] = {
      "gen are dropped when they finish)."},
     {"record", (PyCFunction)(void (*)(void))store_record_m, METH_VARARGS | METH_KEYWORDS,
      store_record_doc},
+    {"record_block", (PyCFunction)(void (*)(void))store_record_block_m,
+     METH_VARARGS | METH_KEYWORDS, store_record_block_doc},
     {"count", (PyCFunction)(void (*)(void))store_count_m, METH_VARARGS | METH_KEYWORDS,
      "count(slot, gen, dev): count a call that was not timed (every=N)."},
     {"snapshot", (PyCFunction)(void (*)(void))store_snapshot_m, METH_VARARGS | METH_KEYWORDS,

@@ -202,9 +202,9 @@ class FakeCopy:
     def done(self) -> bool:
         return not self.gpu.copies_held
 
-    def words(self) -> list[int]:
+    def words(self) -> torch.Tensor:
         count = self.chunk[self.cap + 1]
-        return [count, *self.chunk[: self.cap], count]
+        return torch.tensor([count, *self.chunk[: self.cap], count], dtype=torch.int64)
 
 
 class FakeStamps:
@@ -235,7 +235,7 @@ class FakeStamps:
         ops = self.gpu.graph_ops.get(self.gpu.current_key())
         return None if ops is None else (id(ops), len(ops))
 
-    def copy(self, chunk: list[int], cap: int, after: list[Any]) -> FakeCopy:
+    def copy(self, chunk: list[int], cap: int, after: list[Any] | None) -> FakeCopy:
         self.gpu.copies += 1
         return FakeCopy(self.gpu, chunk, cap)
 

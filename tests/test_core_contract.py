@@ -491,3 +491,55 @@ def test_step_rows_agree_between_cores() -> None:
     _device.use(_device.use(None))
     assert results[0] == results[1]
     assert len(results[0][0]) == 4
+
+
+def _block_run(core: ModuleType) -> tuple[Any, ...]:
+    """The same 3 replays x 2 regions folded by record_block and by record, one store each."""
+    from array import array
+
+    _configure(core)
+    slots, gpu = [4, 7], [1.5, 0.25, 2.0, 0.5, 1.0, 0.125]
+    at, step, t0, tid, stream = (
+        [10.0, 11.0, 20.0, 21.0, 30.0, 31.0],
+        [0, 0, 1],
+        [5, 6, 7],
+        [9] * 3,
+        [3] * 3,
+    )
+    block = core.Store(4, 16, 100, lambda parent, name: 0)
+    block.record_block(
+        0, 0, array("q", slots), array("d", gpu), array("d", at), array("q", step),
+        array("q", t0), array("q", tid), array("q", stream),
+    )  # fmt: skip
+    one = core.Store(4, 16, 100, lambda parent, name: 0)
+    for k, g in enumerate(gpu):
+        i, j = divmod(k, 2)
+        one.record(slots[j], 0, 0, g, 0.0, step[i], t0[i], tid[i], at[k], stream[i], False)
+    return tuple(s.snapshot(series=True, trace=True) for s in (block, one))
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_record_block_folds_as_record_does(core: ModuleType) -> None:
+    """record_block(m x c samples) leaves the store as m*c record() calls would."""
+    block, one = _block_run(core)
+    assert block == one
+    assert sum(s.calls for s in block.stats) == 6 and len(block.trace) == 6
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_record_block_refuses_lengths_that_do_not_fit(core: ModuleType) -> None:
+    """A buffer of the wrong length is a ValueError naming it; nothing is folded."""
+    from array import array
+
+    store = core.Store(4, 16, 100, lambda parent, name: 0)
+    q, d = array("q", [1, 2]), array("d", [1.0, 2.0, 3.0])
+    one = array("q", [0])
+    with pytest.raises(ValueError, match="gpu_ms"):
+        store.record_block(0, 0, q, d, d, one, one, one, one)
+    assert store.snapshot().stats == []
+
+
+@needs_c
+def test_record_block_agrees_between_cores() -> None:
+    """The C core's record_block leaves what the Python reference leaves."""
+    assert _block_run(_core_py)[0] == _block_run(C_CORE)[0]  # type: ignore[arg-type]
