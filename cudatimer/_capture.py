@@ -170,7 +170,12 @@ class Capture:
             self.waiting.append(_Replay(_core.now_ns(), threading.get_ident(), key[0], where))
             self.replays += 1
             self.streams[key[0]] = key
-            if self.replays - self.copy_at >= max(1, self.per_replay() // 2):
+
+    def launched(self) -> None:
+        """After a replay's launch: every half ring, read the finished copies and start one
+        behind it on its stream."""
+        if self.replays - self.copy_at >= max(1, self.per_replay() // 2):
+            with self.lock:
                 self.poll(start=True)
 
     def unnote_replay(self) -> None:
@@ -361,10 +366,12 @@ def replay(graph: Any, run: Callable[[], Any]) -> Any:
         return run()
     cap.note_replay()
     try:
-        return run()
+        out = run()
     except BaseException:
         cap.unnote_replay()
         raise
+    cap.launched()
+    return out
 
 
 def reset(graph: Any) -> None:

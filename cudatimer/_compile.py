@@ -19,8 +19,8 @@ outputs: its marks keep their order among the other marks, and Inductor may move
 kernels across them (decorate a function for exact boundaries).
 
 Inside a CUDA graph capture (``mode="reduce-overhead"``) the bodies run during warm-up and
-capture, never on replay: a region entered while its stream captures is counted as skipped,
-as in eager code (timing replays is a separate boundary source).
+capture, never on replay: a region entered while its stream captures puts device timestamps
+into the graph (``_capture``), and each replay is timed by them, as in eager code.
 
 Where the mechanism is missing (a torch without ``torch.library.custom_op`` or ordered effects)
 or switched off (``CUDATIMER_COMPILE=0``), regions inside compiled code do nothing, as before,

@@ -192,19 +192,30 @@ class FakeGPU:
 
 
 class FakeCopy:
-    """A copy of a timestamp chunk; it reads the chunk when it finishes, as the GPU would."""
+    """A copy of a timestamp chunk: it reads the chunk at once (stream order: the GPU is
+    done with the replays before it), or, while copies are held, when they are released
+    (a copy that ran late, after more replays)."""
 
     def __init__(self, gpu: FakeGPU, chunk: list[int], cap: int) -> None:
         self.gpu = gpu
         self.chunk = chunk
         self.cap = cap
+        self._words: torch.Tensor | None = None if gpu.copies_held else self._read()
 
-    def done(self) -> bool:
-        return not self.gpu.copies_held
-
-    def words(self) -> torch.Tensor:
+    def _read(self) -> torch.Tensor:
         count = self.chunk[self.cap + 1]
         return torch.tensor([count, *self.chunk[: self.cap], count], dtype=torch.int64)
+
+    def done(self) -> bool:
+        if self.gpu.copies_held:
+            return False
+        if self._words is None:
+            self._words = self._read()
+        return True
+
+    def words(self) -> torch.Tensor:
+        assert self._words is not None, "words() before done()"
+        return self._words
 
 
 class FakeStamps:
