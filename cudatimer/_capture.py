@@ -32,6 +32,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ import torch
 
 from . import _core, _device
 from ._locks import ForkSafeLock
+
+_now = _core.now_ns
 
 __all__ = [
     "DEFAULT_CAP",
@@ -60,10 +63,11 @@ __all__ = [
 # Words of one graph's ring (8 bytes each): 65536 hold 327 replays of a graph with 200
 # timestamps, a 512 KiB buffer on the device and as much pinned on the host per copy.
 DEFAULT_CAP = 65536
-# Replays whose timestamps wait, copied, before they are folded into the store (per graph):
-# folding costs ~0.5 us a region call, so it waits for a report, up to this many words
-# (8 MiB of host memory), then runs in the replay that reads the next copy.
-RAW_WORDS = 1 << 20
+# Timestamps read and waiting to be folded into the stores, over all graphs: folding costs
+# ~0.05 us a region call (4 us a replay of 100 regions, against 5.2 us for the replay's own
+# launch on an H200), so it waits for a report, up to this many words (32 MiB of host
+# memory), then runs in the replay that reads the next copy.
+RAW_WORDS = 1 << 22
 # Copies in flight per graph at most (each holds a pinned buffer of the ring's size).
 MAX_COPIES = 8
 
@@ -86,13 +90,11 @@ class Call:
     exit: int = -1
 
 
-@dataclass(eq=False)
-class _Replay:
-    t0_ns: int
-    tid: int
-    stream: int
-    # Per recorder of the graph: (parent slot, generation, step), or None (that Timer was off).
-    where: list[tuple[int, int, int] | None]
+# Where a run of consecutive replays puts its samples: per recorder of the graph (parent slot,
+# generation, step) or None (that Timer was off), then the thread and the stream. Replays note
+# one only when it changes (a decode loop launches thousands with the same), and their launch
+# times in an array: ~1.5 us of host time a replay in all.
+_Where = tuple[tuple[tuple[int, int, int] | None, ...], int, int]
 
 
 @dataclass(eq=False)
@@ -112,12 +114,15 @@ class Capture:
     # Replays: issued (host count), read (the first not read), their host context, lost.
     replays: int = 0
     read: int = 0
-    waiting: deque[_Replay] = field(default_factory=deque)
+    runs: list[tuple[int, _Where]] = field(default_factory=list)  # (first replay, where)
+    t0: array[int] = field(default_factory=lambda: array("q"))  # launch ns of replays read..
+    per_recorder: list[int] = field(default_factory=list)  # timed calls of each recorder
     lost: dict[int, int] = field(default_factory=dict)  # id(recorder) -> region calls lost
     copies: deque[Any] = field(default_factory=deque)  # in flight, oldest first
     copy_at: int = 0  # replays launched when the newest copy began
     streams: dict[int, Any] = field(default_factory=dict)  # replay streams, for the report
-    raw: list[tuple[Any, list[_Replay]]] = field(default_factory=list)  # (m x n tensor, replays)
+    # Read, not folded yet: (m x n timestamps, m launch ns, runs as (first row, end row, where)).
+    raw: list[tuple[Any, Any, list[tuple[int, int, _Where]]]] = field(default_factory=list)
     raw_words: int = 0
     offset_ns: float = float("inf")  # GPU clock minus host clock, least seen (trace placement)
     lock: ForkSafeLock = field(default_factory=ForkSafeLock)
@@ -165,11 +170,13 @@ class Capture:
     def note_replay(self) -> None:
         """Host side of a replay about to be launched (the wrapper calls it)."""
         key = _device.current_key()
-        where = [r.replay_context() for r in self.recorders]
+        where = (tuple(r.replay_context() for r in self.recorders), threading.get_ident(), key[0])
         with self.lock:
-            self.waiting.append(_Replay(_core.now_ns(), threading.get_ident(), key[0], where))
+            if not self.runs or self.runs[-1][1] != where:
+                self.runs.append((self.replays, where))
+                self.streams[key[0]] = key
+            self.t0.append(_now())
             self.replays += 1
-            self.streams[key[0]] = key
 
     def launched(self) -> None:
         """After a replay's launch: every half ring, read the finished copies and start one
@@ -181,8 +188,10 @@ class Capture:
     def unnote_replay(self) -> None:
         """The replay just noted raised before it was launched."""
         with self.lock:
-            self.waiting.pop()
             self.replays -= 1
+            self.t0.pop()
+            if self.runs[-1][0] == self.replays:
+                self.runs.pop()
 
     def poll(self, start: bool, after: list[Any] | None = None) -> bool:
         """Read the finished copies, oldest first; with ``start``, begin a new one (on the
@@ -212,99 +221,104 @@ class Capture:
         ``words``: [finished replays before, ring..., after] (an int64 tensor)."""
         before, after = int(words[0]), int(words[-1])
         first_whole = after - self.per_replay() + 1  # a replay in flight may overwrite older
-        stop = min(before, self.read + len(self.waiting))
+        stop = min(before, self.replays)
         if stop <= self.read:
             return
-        lost = max(0, min(first_whole, stop) - self.read)
-        for _ in range(lost):
-            rep = self.waiting.popleft()
-            for r, where in zip(self.recorders, rep.where, strict=True):
-                if where is not None:
-                    self.lost[id(r)] = self.lost.get(id(r), 0) + self._calls_of(r)
-        self.read += lost
-        m = stop - self.read
-        if m <= 0:
-            return
-        n, cap = self.n, self.cap
-        first = torch.arange(self.read, stop, dtype=torch.int64) * n
-        index = (first.unsqueeze(1) + torch.arange(n, dtype=torch.int64)) % cap
-        rows = words[1:-1][index]  # (m, n): each replay's timestamps
-        replays = [self.waiting.popleft() for _ in range(m)]
+        lost_end = max(self.read, min(first_whole, stop))
+        for a, b, where in self._segments(self.read, lost_end):
+            for r_index, w in enumerate(where[0]):
+                if w is not None:
+                    key = id(self.recorders[r_index])
+                    self.lost[key] = self.lost.get(key, 0) + (b - a) * self.per_recorder[r_index]
+        if lost_end < stop:
+            n, cap = self.n, self.cap
+            first = torch.arange(lost_end, stop, dtype=torch.int64) * n
+            index = (first.unsqueeze(1) + torch.arange(n, dtype=torch.int64)) % cap
+            rows = words[1:-1][index]  # (m, n): each replay's timestamps
+            t0 = torch.tensor(self.t0[lost_end - self.read : stop - self.read], dtype=torch.int64)
+            segments = [
+                (a - lost_end, b - lost_end, w) for a, b, w in self._segments(lost_end, stop)
+            ]
+            self.raw.append((rows, t0, segments))
+            self.raw_words += rows.numel()
+            _note_raw(rows.numel())
+        del self.t0[: stop - self.read]
         self.read = stop
-        self.raw.append((rows, replays))
-        self.raw_words += m * n
-        if self.raw_words > RAW_WORDS:
+        while len(self.runs) > 1 and self.runs[1][0] <= stop:
+            del self.runs[0]
+        if _raw_total[0] > RAW_WORDS:
             self.fold()
+
+    def _segments(self, lo: int, hi: int) -> list[tuple[int, int, _Where]]:
+        """The runs' pieces that cover replays [lo, hi)."""
+        out = []
+        runs = self.runs
+        for i, (first, where) in enumerate(runs):
+            end = runs[i + 1][0] if i + 1 < len(runs) else self.replays
+            a, b = max(first, lo), min(end, hi)
+            if a < b:
+                out.append((a, b, where))
+        return out
 
     def _calls_of(self, recorder: Any) -> int:
         return sum(1 for c in self.calls if c.recorder is recorder and c.exit >= 0)
 
     def fold(self) -> None:
         """Fold the kept timestamps into the stores, as samples of the replays' steps: one
-        ``Store.record_block`` per run of replays with the same parent (~0.03 us a sample
+        ``Store.record_block`` per run of replays with the same parent (~0.05 us a sample
         in the C core, against ~1.5 us through ``record`` from Python)."""
-        raw, self.raw, self.raw_words = self.raw, [], 0
+        raw, self.raw = self.raw, []
+        _note_raw(-self.raw_words)
+        self.raw_words = 0
         closed = [c for c in self.calls if c.exit >= 0]
         if not raw or not closed:
             return
         enter = torch.tensor([c.enter for c in closed], dtype=torch.int64)
         leave = torch.tensor([c.exit for c in closed], dtype=torch.int64)
-        for rows, replays in raw:
+        for rows, t0, segments in raw:
             starts = rows[:, enter]
             gpu_ms = (rows[:, leave] - starts).to(torch.float64) * 1e-6
-            t0 = torch.tensor([rep.t0_ns for rep in replays], dtype=torch.int64)
             lead = int((starts.min(dim=1).values - t0).min())
             self.offset_ns = min(self.offset_ns, float(lead))
             at_ns = (starts - int(self.offset_ns)).to(torch.float64)
             for ri, recorder in enumerate(self.recorders):
                 cols = [i for i, c in enumerate(closed) if c.recorder is recorder]
-                if cols:
-                    self._fold_recorder(ri, recorder, closed, cols, replays, gpu_ms, at_ns)
-
-    def _fold_recorder(
-        self,
-        ri: int,
-        recorder: Any,
-        closed: list[Call],
-        cols: list[int],
-        replays: list[_Replay],
-        gpu_ms: Any,
-        at_ns: Any,
-    ) -> None:
-        col = torch.tensor(cols, dtype=torch.int64)
-        i = 0
-        while i < len(replays):
-            where = replays[i].where[ri]
-            j = i + 1
-            while j < len(replays) and _same_parent(replays[j].where[ri], where):
-                j += 1
-            if where is not None:
-                parent, gen = where[0], where[1]
-                slots = recorder.graph_slots(parent, [closed[c].names for c in cols])
-                keep = [k for k, slot in enumerate(slots) if slot is not None]
-                if keep:
-                    sel = col[keep]
-                    run = replays[i:j]
+                if not cols:
+                    continue
+                col = torch.tensor(cols, dtype=torch.int64)
+                for a, b, (where, tid, stream) in segments:
+                    w = where[ri]
+                    if w is None:
+                        continue
+                    parent, gen, step = w
+                    slots = recorder.graph_slots(parent, [closed[c].names for c in cols])
+                    keep = [k for k, slot in enumerate(slots) if slot is not None]
+                    if not keep:
+                        continue
+                    sel, m = col[keep], b - a
                     recorder.store.record_block(
                         gen,
                         self.device,
                         _buffer(torch.tensor([slots[k] for k in keep], dtype=torch.int64)),
-                        _buffer(gpu_ms[i:j][:, sel]),
-                        _buffer(at_ns[i:j][:, sel]),
-                        _buffer(torch.tensor([r.where[ri][2] for r in run], dtype=torch.int64)),  # type: ignore[index]
-                        _buffer(torch.tensor([r.t0_ns for r in run], dtype=torch.int64)),
-                        _buffer(torch.tensor([r.tid for r in run], dtype=torch.int64)),
-                        _buffer(torch.tensor([r.stream for r in run], dtype=torch.int64)),
+                        _buffer(gpu_ms[a:b][:, sel]),
+                        _buffer(at_ns[a:b][:, sel]),
+                        _buffer(torch.full((m,), step, dtype=torch.int64)),
+                        _buffer(t0[a:b]),
+                        _buffer(torch.full((m,), tid, dtype=torch.int64)),
+                        _buffer(torch.full((m,), stream, dtype=torch.int64)),
                     )
-            i = j
 
     def unread(self, recorder: Any) -> int:
         """Region calls of ``recorder`` in replays not read yet."""
-        return self._calls_of(recorder) * len(self.waiting)
+        return self._calls_of(recorder) * (self.replays - self.read)
 
 
-def _same_parent(a: tuple[int, int, int] | None, b: tuple[int, int, int] | None) -> bool:
-    return a is b or (a is not None and b is not None and a[:2] == b[:2])
+_raw_total = [0]  # words read and not folded yet, over every graph
+
+
+def _note_raw(words: int) -> None:
+    with _lock:
+        _raw_total[0] += words
 
 
 def _buffer(t: Any) -> Any:
@@ -349,6 +363,7 @@ def capture_end(graph: Any) -> None:
         return
     cap.stamps.advance(cap.chunk, cap.n, cap.cap)
     cap.ended = True
+    cap.per_recorder = [cap._calls_of(r) for r in cap.recorders]
     with _lock:
         _by_graph[id(graph)] = cap
     weakref.finalize(graph, _collected, id(graph), cap)
