@@ -205,7 +205,9 @@ class Capture:
                 return True
             if not done:
                 break
-            self._take(copies.popleft().words())
+            copy = copies.popleft()
+            self._take(copy.words())
+            copy.recycle()
         if (
             start
             and self.copy_at < self.replays

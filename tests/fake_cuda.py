@@ -81,6 +81,7 @@ class FakeGPU:
         self.graph_ops: dict[tuple[int, int, int], list[tuple[Any, ...]]] = {}
         self.copies_held = False  # device timestamp copies stay unfinished while True
         self.copies = 0
+        self.recycled = 0  # copies read and given back
         self._stamps: dict[int, FakeStamps] = {}
 
     # -- what a test drives ------------------------------------------------------------------
@@ -216,6 +217,9 @@ class FakeCopy:
     def words(self) -> torch.Tensor:
         assert self._words is not None, "words() before done()"
         return self._words
+
+    def recycle(self) -> None:
+        self.gpu.recycled += 1
 
 
 class FakeStamps:
