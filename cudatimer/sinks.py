@@ -50,12 +50,43 @@ def tensorboard(writer: Any, *, prefix: str = "cudatimer/") -> Sink:
             f"add_scalar(tag, value, global_step)), got {type(writer).__name__}"
         )
     head = _check_prefix(prefix)
+    batched = _one_event_per_step(writer)
 
     def to_tensorboard(times: StepTimes) -> None:
-        for tag, value in times.scalars(head).items():
+        scalars = times.scalars(head)
+        if not scalars:
+            return
+        if batched is not None:
+            batched(scalars, times.step)
+            return
+        for tag, value in scalars.items():
             add_scalar(tag, value, global_step=times.step)
 
     return to_tensorboard
+
+
+def _one_event_per_step(writer: Any) -> Any:
+    """For a real SummaryWriter: write a step's scalars as one event of many values. One
+    ``add_scalar`` per value cost ~4.5 ms a step for 248 values on the H200's host (1.11x a
+    GPT-2-small step, RESULTS section S); one event of 248 values is 13-20x cheaper (measured
+    on the CPU machine). None where the writer is not one (``add_scalar`` is used then)."""
+    file_writer = getattr(writer, "file_writer", None)
+    add_summary = getattr(file_writer, "add_summary", None)
+    if not callable(add_summary):
+        return None
+    try:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+    except ImportError:
+        return None
+
+    def write(scalars: dict[str, float], step: int) -> None:
+        values = [Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()]
+        current = getattr(writer, "file_writer", None)  # None once the writer is closed
+        if current is None:
+            raise RuntimeError("the SummaryWriter is closed")
+        current.add_summary(Summary(value=values), step)
+
+    return write
 
 
 def wandb(run: Any = None, *, prefix: str = "cudatimer/") -> Sink:

@@ -245,6 +245,27 @@ def test_tensorboard_sink_writes_every_step_to_a_real_summary_writer(tmp_path: P
     assert [e.step for e in acc.Scalars("ct/train_step/cpu_ms")] == [0, 1, 2]
 
 
+def test_tensorboard_sink_writes_one_event_per_step(tmp_path: Path) -> None:
+    """A real SummaryWriter gets each step's scalars as one event, with the values sent."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path))
+    calls: list[str] = []
+    writer.add_scalar = lambda *a, **k: calls.append("add_scalar")  # type: ignore[method-assign]
+    sink = cudatimer.sinks.tensorboard(writer, prefix="ct/")
+    rows = (("a", "host", 1, None, 1.5), ("a/b", "host", 2, None, 0.25))
+    for step in (4, 5):
+        sink(cudatimer.StepTimes(step, rows))
+    writer.close()
+    assert calls == []  # never one call per value
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert sorted(acc.Tags()["scalars"]) == ["ct/a/b/cpu_ms", "ct/a/cpu_ms"]
+    assert [(e.step, e.value) for e in acc.Scalars("ct/a/b/cpu_ms")] == [(4, 0.25), (5, 0.25)]
+
+
 class _WandbRun:
     """A stand-in with wandb.Run's define_metric and log signatures."""
 
