@@ -387,14 +387,15 @@ def capture_failed() -> None:
     _local.capture = None
 
 
-def replay(graph: Any, run: Callable[[], Any]) -> Any:
-    """Launch a replay of ``graph`` (``run``), noting it first if regions were captured."""
+def replay(graph: Any, run: Callable[[Any], Any]) -> Any:
+    """Launch a replay of ``graph`` (``run(graph)``), noting it first if regions were
+    captured. Runs once per replay: a graph without regions costs one dictionary lookup."""
     cap = _by_graph.get(id(graph))
     if cap is None:
-        return run()
+        return run(graph)
     cap.note_replay()
     try:
-        out = run()
+        out = run(graph)
     except BaseException:
         cap.unnote_replay()
         raise
@@ -529,19 +530,7 @@ def install() -> None:
         return end(self)
 
     def replay_(self: Any) -> Any:
-        # ``replay`` written out: this runs once per replay (~1 us of Python saved).
-        cap = _by_graph.get(id(self))
-        if cap is None:
-            return run(self)
-        cap.note_replay()
-        try:
-            out = run(self)
-        except BaseException:
-            cap.unnote_replay()
-            raise
-        if cap.replays - cap.copy_at >= cap.half:
-            cap.launched()
-        return out
+        return replay(self, run)
 
     def reset_(self: Any) -> Any:
         reset(self)

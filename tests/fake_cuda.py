@@ -286,7 +286,7 @@ class FakeGraph:
     def replay(self) -> None:
         from cudatimer import _capture
 
-        _capture.replay(self, self._run)
+        _capture.replay(self, FakeGraph._run)
 
     def _run(self) -> None:
         gpu = self.gpu

@@ -307,7 +307,7 @@ def test_replay_that_raises_is_not_counted(gpu: FakeGPU) -> None:
     """A replay whose launch raised adds nothing and leaves no pending replay."""
     g = _capture_two(gpu)
 
-    def fail() -> None:
+    def fail(graph: FakeGraph) -> None:
         raise RuntimeError("launch failed")
 
     with pytest.raises(RuntimeError):
