@@ -18,11 +18,13 @@ from __future__ import annotations
 from typing import Any
 
 from . import _capture
+from ._config import DISABLED_AT_IMPORT
 from ._timer import Timer
 
 __all__ = ["timed_replay"]
 
-_capture.install()
+if not DISABLED_AT_IMPORT:  # CUDATIMER_DISABLE=1: torch's CUDAGraph is left as it is
+    _capture.install()
 
 
 def timed_replay(graph: Any, name: str = "graph.replay", *, timer: Timer | None = None) -> None:

@@ -16,6 +16,7 @@ import torch
 import cudatimer
 from cudatimer import _capture
 from tests.fake_cuda import FakeGPU, FakeGraph, install
+from tests.subproc import run_python
 
 
 @pytest.fixture
@@ -324,3 +325,17 @@ def test_torch_cuda_graph_methods_are_wrapped() -> None:
         method = getattr(cls, name)
         assert method.__module__ == "cudatimer._capture", name
         assert callable(method.__wrapped__)
+
+
+def test_env_disable_leaves_torch_cuda_graph_alone() -> None:
+    """CUDATIMER_DISABLE=1: torch.cuda.CUDAGraph's methods are torch's own."""
+    code = """
+        import torch, cudatimer
+        names = ("capture_begin", "capture_end", "replay", "reset")
+        print(sorted({getattr(torch.cuda.CUDAGraph, n).__module__ for n in names}))
+    """
+    off = run_python(code, {"CUDATIMER_DISABLE": "1"})
+    on = run_python(code, {"CUDATIMER_DISABLE": "0"})
+    assert off.returncode == 0 and on.returncode == 0, off.stderr + on.stderr
+    assert off.stdout.strip() == "['torch.cuda.graphs']"
+    assert on.stdout.strip() == "['cudatimer._capture']"
