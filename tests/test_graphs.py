@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -339,3 +340,34 @@ def test_env_disable_leaves_torch_cuda_graph_alone() -> None:
     assert off.returncode == 0 and on.returncode == 0, off.stderr + on.stderr
     assert off.stdout.strip() == "['torch.cuda.graphs']"
     assert on.stdout.strip() == "['cudatimer._capture']"
+
+
+def test_reports_on_another_thread_while_replays_run_lose_nothing(
+    gpu: FakeGPU, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reports read on one thread while another replays: every replay is counted once."""
+    monkeypatch.setattr(_capture, "cap_words", 30)  # 3 timestamps a replay: 10 replays a ring
+    g = _capture_two(gpu)
+    done = threading.Event()
+    seen: list[int] = []
+
+    def report() -> None:
+        while not done.is_set():
+            seen.append(_row_calls(cudatimer.summary(timeout_s=0), "graph"))
+
+    reader = threading.Thread(target=report)
+    reader.start()
+    try:
+        for _ in range(3000):
+            g.replay()
+    finally:
+        done.set()
+        reader.join()
+    assert seen and seen == sorted(seen)  # counts only grow
+    s = cudatimer.summary()
+    assert _row(s, "graph/attn").calls == 3000 and _row(s, "graph").calls == 3000
+    assert "lost" not in cudatimer.report()
+
+
+def _row_calls(summary: cudatimer.Summary, name: str) -> int:
+    return next((r.calls for r in summary.regions if r.name == name), 0)
