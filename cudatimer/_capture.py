@@ -322,7 +322,10 @@ class Capture:
 
     def unread(self, recorder: Any) -> int:
         """Region calls of ``recorder`` in replays not read yet."""
-        return self._calls_of(recorder) * (self.replays - self.read)
+        for r, calls in zip(self.recorders, self.per_recorder, strict=True):
+            if r is recorder:
+                return calls * (self.replays - self.read)
+        return 0
 
 
 _raw_total = [0]  # words read and not folded yet, over every graph

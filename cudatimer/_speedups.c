@@ -2520,16 +2520,8 @@ store_snapshot(StoreObj *s, int series, int trace)
         }
     }
     for (Py_ssize_t i = 0; series && i < s->nsteps; i++) {
-        StepRec *rec = s->steps[i];
-        for (Py_ssize_t k = 0; k < rec->nrows; k++) {
-            Row *w = &rec->rows[k];
-            Py_ssize_t nb = w->n * (Py_ssize_t)sizeof(double);
-            if (!list_append_new(rows, make_struct(&SeriesRowType, "(LLiy#y#)",
-                                                   (long long)rec->step, (long long)w->slot,
-                                                   w->dev, (const char *)w->g, nb,
-                                                   (const char *)w->c, nb))) {
-                goto fail;
-            }
+        if (append_step_rows(rows, s->steps[i]) < 0) {
+            goto fail;
         }
     }
     for (Py_ssize_t k = 0; trace && k < s->ntrace; k++) {
@@ -2550,6 +2542,22 @@ fail:
     Py_XDECREF(rows);
     Py_XDECREF(items);
     return NULL;
+}
+
+/* Append one kept step's series rows (SeriesRow: step, slot, dev, gpu_ms, cpu_ms) to rows. */
+static int
+append_step_rows(PyObject *rows, StepRec *rec)
+{
+    for (Py_ssize_t k = 0; k < rec->nrows; k++) {
+        Row *w = &rec->rows[k];
+        Py_ssize_t nb = w->n * (Py_ssize_t)sizeof(double);
+        if (!list_append_new(rows, make_struct(&SeriesRowType, "(LLiy#y#)", (long long)rec->step,
+                                               (long long)w->slot, w->dev, (const char *)w->g,
+                                               nb, (const char *)w->c, nb))) {
+            return -1;
+        }
+    }
+    return 0;
 }
 
 static PyObject *
@@ -2583,19 +2591,8 @@ store_step_rows_m(StoreObj *s, PyObject *args, PyObject *kwds)
     PyObject *rows = PyList_New(0);
     for (Py_ssize_t i = 0; rows != NULL && i < s->nsteps; i++) {
         StepRec *rec = s->steps[i];
-        if (rec->step < first || rec->step >= stop) {
-            continue;
-        }
-        for (Py_ssize_t k = 0; k < rec->nrows; k++) {
-            Row *w = &rec->rows[k];
-            Py_ssize_t nb = w->n * (Py_ssize_t)sizeof(double);
-            if (!list_append_new(rows, make_struct(&SeriesRowType, "(LLiy#y#)",
-                                                   (long long)rec->step, (long long)w->slot,
-                                                   w->dev, (const char *)w->g, nb,
-                                                   (const char *)w->c, nb))) {
-                Py_CLEAR(rows);
-                break;
-            }
+        if (rec->step >= first && rec->step < stop && append_step_rows(rows, rec) < 0) {
+            Py_CLEAR(rows);
         }
     }
     gc_restore(was);

@@ -137,26 +137,10 @@ class _CaptureInfo:
         graph = ctypes.c_void_p(0)
         deps = ctypes.POINTER(ctypes.c_void_p)()
         count = ctypes.c_size_t(0)
-        if self._v3:
-            edges = ctypes.c_void_p(0)
-            rc = self._fn(
-                ctypes.c_void_p(stream),
-                ctypes.byref(status),
-                ctypes.byref(cid),
-                ctypes.byref(graph),
-                ctypes.byref(deps),
-                ctypes.byref(edges),
-                ctypes.byref(count),
-            )
-        else:
-            rc = self._fn(
-                ctypes.c_void_p(stream),
-                ctypes.byref(status),
-                ctypes.byref(cid),
-                ctypes.byref(graph),
-                ctypes.byref(deps),
-                ctypes.byref(count),
-            )
+        out = [ctypes.byref(v) for v in (status, cid, graph, deps)]
+        if self._v3:  # v3 has the edges' data before the count
+            out.append(ctypes.byref(ctypes.c_void_p(0)))
+        rc = self._fn(ctypes.c_void_p(stream), *out, ctypes.byref(count))
         if rc != 0 or status.value != 1 or count.value != 1:  # 1: CU_STREAM_CAPTURE_STATUS_ACTIVE
             return None
         return (cid.value, deps[0])

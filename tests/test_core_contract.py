@@ -12,7 +12,7 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -206,9 +206,8 @@ def _scenario(b: _Bench) -> dict[str, Any]:
     return out
 
 
-@needs_c
-def test_both_cores_give_the_same_results() -> None:
-    """The same calls on the C core and on the Python reference give equal snapshots."""
+def _on_both_cores(run: Callable[[_Bench], Any]) -> list[Any]:
+    """``run`` on the Python reference, then on the C core, each wired to its own fake GPU."""
     results = []
     for core in (_core_py, C_CORE):
         b = _Bench(core)  # type: ignore[arg-type]
@@ -216,12 +215,19 @@ def test_both_cores_give_the_same_results() -> None:
         core.set_stream_getter(b.gpu.get_stream, False)
         core.set_usable(True)
         try:
-            results.append(_scenario(b))
+            results.append(run(b))
         finally:
             core.forget_streams()
             core.set_usable(False)
             core.set_stream_getter(None, False)
     _device.use(_device.use(None))
+    return results
+
+
+@needs_c
+def test_both_cores_give_the_same_results() -> None:
+    """The same calls on the C core and on the Python reference give equal snapshots."""
+    results = _on_both_cores(_scenario)
     python, c = results
     assert python == c
     # held: the held region, and the last two ends recorded at the instant the GPU was held
@@ -476,19 +482,7 @@ def test_step_rows_are_the_kept_rows_in_the_range(bench: _Bench) -> None:
 @needs_c
 def test_step_rows_agree_between_cores() -> None:
     """The C core's step_rows gives what the Python reference gives, byte for byte."""
-    results = []
-    for core in (_core_py, C_CORE):
-        b = _Bench(core)  # type: ignore[arg-type]
-        core.forget_streams()
-        core.set_stream_getter(b.gpu.get_stream, False)
-        core.set_usable(True)
-        try:
-            results.append(_step_rows_run(b))
-        finally:
-            core.forget_streams()
-            core.set_usable(False)
-            core.set_stream_getter(None, False)
-    _device.use(_device.use(None))
+    results = _on_both_cores(_step_rows_run)
     assert results[0] == results[1]
     assert len(results[0][0]) == 4
 
