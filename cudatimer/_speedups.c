@@ -2479,6 +2479,22 @@ list_append_new(PyObject *list, PyObject *item)
     return rc < 0 ? NULL : list;
 }
 
+/* Append one kept step's series rows (SeriesRow: step, slot, dev, gpu_ms, cpu_ms) to rows. */
+static int
+append_step_rows(PyObject *rows, StepRec *rec)
+{
+    for (Py_ssize_t k = 0; k < rec->nrows; k++) {
+        Row *w = &rec->rows[k];
+        Py_ssize_t nb = w->n * (Py_ssize_t)sizeof(double);
+        if (!list_append_new(rows, make_struct(&SeriesRowType, "(LLiy#y#)", (long long)rec->step,
+                                               (long long)w->slot, w->dev, (const char *)w->g,
+                                               nb, (const char *)w->c, nb))) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* The snapshot's parts; no Python code runs here (the collector is kept off by the caller),
  * so the store cannot change while they are copied out. */
 static PyObject *
@@ -2542,22 +2558,6 @@ fail:
     Py_XDECREF(rows);
     Py_XDECREF(items);
     return NULL;
-}
-
-/* Append one kept step's series rows (SeriesRow: step, slot, dev, gpu_ms, cpu_ms) to rows. */
-static int
-append_step_rows(PyObject *rows, StepRec *rec)
-{
-    for (Py_ssize_t k = 0; k < rec->nrows; k++) {
-        Row *w = &rec->rows[k];
-        Py_ssize_t nb = w->n * (Py_ssize_t)sizeof(double);
-        if (!list_append_new(rows, make_struct(&SeriesRowType, "(LLiy#y#)", (long long)rec->step,
-                                               (long long)w->slot, w->dev, (const char *)w->g,
-                                               nb, (const char *)w->c, nb))) {
-            return -1;
-        }
-    }
-    return 0;
 }
 
 static PyObject *
