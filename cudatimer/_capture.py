@@ -38,8 +38,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from . import _core, _device
 from ._locks import ForkSafeLock
 
@@ -64,11 +62,6 @@ __all__ = [
 # Words of one graph's ring (8 bytes each): 65536 hold 327 replays of a graph with 200
 # timestamps, a 512 KiB buffer on the device and as much pinned on the host per copy.
 DEFAULT_CAP = 65536
-# Timestamps read and waiting to be folded into the stores, over all graphs: folding costs
-# ~0.05 us a region call (4 us a replay of 100 regions, against 5.2 us for the replay's own
-# launch on an H200), so it waits for a report, up to this many words (32 MiB of host
-# memory), then runs in the replay that reads the next copy.
-RAW_WORDS = 1 << 22
 # Copies in flight per graph at most (each holds a pinned buffer of the ring's size).
 MAX_COPIES = 8
 
@@ -99,6 +92,27 @@ _Where = tuple[tuple[tuple[int, int, int] | None, ...], int, int]
 
 
 @dataclass(eq=False)
+class _Block:
+    """Consecutive replays read together under one parent: one ``record_ring`` call."""
+
+    first: int
+    parent: int
+    gen: int
+    cols: tuple[array[int], array[int], array[int]]  # slots, enter, leave
+    step: array[int] = field(default_factory=lambda: array("q"))
+    tid: array[int] = field(default_factory=lambda: array("q"))
+    stream: array[int] = field(default_factory=lambda: array("q"))
+
+    def extends(self, first: int, parent: int, gen: int) -> bool:
+        return first == self.first + len(self.step) and (parent, gen) == (self.parent, self.gen)
+
+    def add(self, m: int, step: int, tid: int, stream: int) -> None:
+        self.step.extend([step] * m)
+        self.tid.extend([tid] * m)
+        self.stream.extend([stream] * m)
+
+
+@dataclass(eq=False)
 class Capture:
     """One captured graph with regions in it, and its replays not read yet."""
 
@@ -123,9 +137,11 @@ class Capture:
     copies: deque[Any] = field(default_factory=deque)  # in flight, oldest first
     copy_at: int = 0  # replays launched when the newest copy began
     streams: dict[int, Any] = field(default_factory=dict)  # replay streams, for the report
-    # Read, not folded yet: (m x n timestamps, m launch ns, runs as (first row, end row, where)).
-    raw: list[tuple[Any, Any, list[tuple[int, int, _Where]]]] = field(default_factory=list)
-    raw_words: int = 0
+    # (recorder index, parent slot, generation) -> (slots, enter, leave) of its timed calls
+    # (None: no path of it is in the tree): the tree is walked once per parent, not per read.
+    columns: dict[tuple[int, int, int], tuple[array[int], array[int], array[int]] | None] = field(
+        default_factory=dict
+    )
     offset_ns: float = float("inf")  # GPU clock minus host clock, least seen (trace placement)
     lock: ForkSafeLock = field(default_factory=ForkSafeLock)
 
@@ -243,23 +259,62 @@ class Capture:
                     key = id(self.recorders[r_index])
                     self.lost[key] = self.lost.get(key, 0) + (b - a) * self.per_recorder[r_index]
         if lost_end < stop:
-            n, cap = self.n, self.cap
-            first = torch.arange(lost_end, stop, dtype=torch.int64) * n
-            index = (first.unsqueeze(1) + torch.arange(n, dtype=torch.int64)) % cap
-            rows = words[1:-1][index]  # (m, n): each replay's timestamps
-            t0 = torch.tensor(self.t0[lost_end - self.read : stop - self.read], dtype=torch.int64)
-            segments = [
-                (a - lost_end, b - lost_end, w) for a, b, w in self._segments(lost_end, stop)
-            ]
-            self.raw.append((rows, t0, segments))
-            self.raw_words += rows.numel()
-            _note_raw(rows.numel())
+            self._fold(words, lost_end, stop)
         del self.t0[: stop - self.read]
         self.read = stop
         while len(self.runs) > 1 and self.runs[1][0] <= stop:
             del self.runs[0]
-        if _raw_total[0] > RAW_WORDS:
-            self.fold()
+
+    def _fold(self, words: Any, lo: int, hi: int) -> None:
+        """Fold replays [lo, hi) straight from the ring read into the stores: one
+        ``Store.record_ring`` per recorder and run of replays under the same parent, ~20 ns a
+        region call in the C core (2 us a replay of 100 regions, against ~3.3 us for the
+        replay's own launch on an H200), and no tensor operation."""
+        ring = _buffer(words[1:-1])
+        t0 = self.t0[lo - self.read : hi - self.read]
+        segments = self._segments(lo, hi)
+        for ri, recorder in enumerate(self.recorders):
+            blocks: list[_Block] = []
+            for a, b, (where, tid, stream) in segments:
+                w = where[ri]
+                if w is None:
+                    continue  # that Timer was off at those replays
+                parent, gen, step = w
+                cols = self._columns(ri, recorder, parent, gen)
+                if cols is None:
+                    continue
+                if not blocks or not blocks[-1].extends(a, parent, gen):
+                    blocks.append(_Block(a, parent, gen, cols))
+                blocks[-1].add(b - a, step, tid, stream)
+            for blk in blocks:
+                i = blk.first - lo
+                self.offset_ns = recorder.store.record_ring(
+                    blk.gen, self.device, ring, (blk.first * self.n) % self.cap, self.n,
+                    *blk.cols, blk.step, t0[i : i + len(blk.step)], blk.tid, blk.stream,
+                    self.offset_ns,
+                )  # fmt: skip
+
+    def _columns(
+        self, ri: int, recorder: Any, parent: int, gen: int
+    ) -> tuple[array[int], array[int], array[int]] | None:
+        """The slots and timestamp indexes of ``recorder``'s timed calls under ``parent``."""
+        key = (ri, parent, gen)
+        if key not in self.columns:
+            calls = [c for c in self.calls if c.recorder is recorder and c.exit >= 0]
+            slots = recorder.graph_slots(parent, [c.names for c in calls])
+            keep = [k for k, slot in enumerate(slots) if slot is not None]
+            if len(self.columns) > 256:  # parents come and go (reset): keep the map small
+                self.columns.clear()
+            self.columns[key] = (
+                (
+                    array("q", [slots[k] for k in keep]),
+                    array("q", [calls[k].enter for k in keep]),
+                    array("q", [calls[k].exit for k in keep]),
+                )
+                if keep
+                else None
+            )
+        return self.columns[key]
 
     def _segments(self, lo: int, hi: int) -> list[tuple[int, int, _Where]]:
         """The runs' pieces that cover replays [lo, hi)."""
@@ -275,51 +330,6 @@ class Capture:
     def _calls_of(self, recorder: Any) -> int:
         return sum(1 for c in self.calls if c.recorder is recorder and c.exit >= 0)
 
-    def fold(self) -> None:
-        """Fold the kept timestamps into the stores, as samples of the replays' steps: one
-        ``Store.record_block`` per run of replays with the same parent (~0.05 us a sample
-        in the C core, against ~1.5 us through ``record`` from Python)."""
-        raw, self.raw = self.raw, []
-        _note_raw(-self.raw_words)
-        self.raw_words = 0
-        closed = [c for c in self.calls if c.exit >= 0]
-        if not raw or not closed:
-            return
-        enter = torch.tensor([c.enter for c in closed], dtype=torch.int64)
-        leave = torch.tensor([c.exit for c in closed], dtype=torch.int64)
-        for rows, t0, segments in raw:
-            starts = rows[:, enter]
-            gpu_ms = (rows[:, leave] - starts).to(torch.float64) * 1e-6
-            lead = int((starts.min(dim=1).values - t0).min())
-            self.offset_ns = min(self.offset_ns, float(lead))
-            at_ns = (starts - int(self.offset_ns)).to(torch.float64)
-            for ri, recorder in enumerate(self.recorders):
-                cols = [i for i, c in enumerate(closed) if c.recorder is recorder]
-                if not cols:
-                    continue
-                col = torch.tensor(cols, dtype=torch.int64)
-                for a, b, (where, tid, stream) in segments:
-                    w = where[ri]
-                    if w is None:
-                        continue
-                    parent, gen, step = w
-                    slots = recorder.graph_slots(parent, [closed[c].names for c in cols])
-                    keep = [k for k, slot in enumerate(slots) if slot is not None]
-                    if not keep:
-                        continue
-                    sel, m = col[keep], b - a
-                    recorder.store.record_block(
-                        gen,
-                        self.device,
-                        _buffer(torch.tensor([slots[k] for k in keep], dtype=torch.int64)),
-                        _buffer(gpu_ms[a:b][:, sel]),
-                        _buffer(at_ns[a:b][:, sel]),
-                        _buffer(torch.full((m,), step, dtype=torch.int64)),
-                        _buffer(t0[a:b]),
-                        _buffer(torch.full((m,), tid, dtype=torch.int64)),
-                        _buffer(torch.full((m,), stream, dtype=torch.int64)),
-                    )
-
     def unread(self, recorder: Any) -> int:
         """Region calls of ``recorder`` in replays not read yet."""
         for r, calls in zip(self.recorders, self.per_recorder, strict=True):
@@ -328,16 +338,8 @@ class Capture:
         return 0
 
 
-_raw_total = [0]  # words read and not folded yet, over every graph
-
-
-def _note_raw(words: int) -> None:
-    with _lock:
-        _raw_total[0] += words
-
-
 def _buffer(t: Any) -> Any:
-    """A contiguous CPU tensor's bytes, for ``Store.record_block`` (no copy with numpy)."""
+    """A contiguous CPU tensor's bytes, for ``Store.record_ring`` (no copy with numpy)."""
     t = t.contiguous()
     try:
         return t.numpy()
@@ -421,7 +423,7 @@ def _collected(key: int, cap: Capture) -> None:
 
 
 def _retire(cap: Capture) -> None:
-    if cap.read < cap.replays or cap.raw:
+    if cap.read < cap.replays:
         with _lock:
             _retired.append(cap)
 
@@ -456,9 +458,6 @@ def drain(recorder: Any, timeout_s: float) -> None:
                 if cap.poll(start=False):
                     still.append(cap)
         busy = still
-    for cap in caps:
-        with cap.lock:
-            cap.fold()
     with _lock:
         _retired[:] = [c for c in _retired if c.read < c.replays]
 

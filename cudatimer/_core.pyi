@@ -241,22 +241,31 @@ class Store:
         stream: int,
         skipped: bool,
     ) -> None: ...
-    def record_block(
+    def record_ring(
         self,
         gen: int,
         dev: int,
+        ring: Any,
+        first: int,
+        n: int,
         slots: Any,
-        gpu_ms: Any,
-        at_ns: Any,
+        enter: Any,
+        leave: Any,
         step: Any,
         t0_ns: Any,
         tid: Any,
         stream: Any,
-    ) -> None:
-        """Fold m x c finished samples at once (a CUDA graph's replays): sample k is slot
-        ``slots[k % c]`` of replay ``k // c``. Buffers of native 8-byte values: ``slots`` (c
-        int64), ``gpu_ms`` and ``at_ns`` (m*c float64), ``step``, ``t0_ns``, ``tid``,
-        ``stream`` (m int64 each). CPU time is 0; ValueError on a length that does not fit."""
+        offset_ns: float,
+    ) -> float:
+        """Fold m replays of a CUDA graph read from its timestamp ring (the graph's whole
+        ring, ``cap`` int64 words): replay ``i``'s ``n`` timestamps (GPU-clock ns) start at
+        word ``(first + i*n) % cap``; column ``j`` is the region call of slot ``slots[j]``
+        between its replay's timestamps ``enter[j]`` and ``leave[j]``. Buffers of native int64:
+        ``slots``, ``enter``, ``leave`` (c each), ``step``, ``t0_ns``, ``tid``, ``stream`` (m
+        each). ``offset_ns``: the least GPU-minus-host clock offset seen so far (inf: none);
+        the block's least lead of a first timestamp over ``t0_ns`` lowers it, and the trace
+        starts are placed with the result (``at_ns = timestamp - offset``), which is returned.
+        CPU time is 0; ValueError on a length or index that does not fit."""
     def count(self, slot: int, gen: int, dev: int) -> None: ...
     def orphan(self, region: Any) -> bool:
         """Mark the innermost frame of ``region`` on another thread's stack ORPHAN (a call

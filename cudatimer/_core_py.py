@@ -729,37 +729,65 @@ class Store:
         with _LOCK:
             self._fold(slot, gen, dev, gpu_ms, cpu_ms, step, t0_ns, tid, at_ns, stream, skipped)
 
-    def record_block(
+    def record_ring(
         self,
         gen: int,
         dev: int,
+        ring: Any,
+        first: int,
+        n: int,
         slots: Any,
-        gpu_ms: Any,
-        at_ns: Any,
+        enter: Any,
+        leave: Any,
         step: Any,
         t0_ns: Any,
         tid: Any,
         stream: Any,
-    ) -> None:
-        """Fold m x c samples at once (a CUDA graph's replays): sample k is ``slots[k % c]``
-        of replay ``k // c``; buffers of native int64 / float64 values; CPU time 0."""
-        views = [memoryview(b).cast("B") for b in (slots, gpu_ms, at_ns, step, t0_ns, tid, stream)]
-        c, m = len(views[0]) // 8, len(views[3]) // 8
-        names = ("slots", "gpu_ms", "at_ns", "step", "t0_ns", "tid", "stream")
-        for name, view, want in zip(names, views, (None, m * c, m * c, None, m, m, m), strict=True):
+        offset_ns: float,
+    ) -> float:
+        """Fold m replays of a CUDA graph read from its timestamp ring: replay ``i``'s ``n``
+        timestamps start at word ``(first + i*n) % cap``; column ``j`` is slot ``slots[j]``
+        between timestamps ``enter[j]`` and ``leave[j]``. Returns the least GPU-minus-host
+        offset (the trace starts are placed with it). CPU time 0."""
+        views = [
+            memoryview(b).cast("B") for b in (ring, slots, enter, leave, step, t0_ns, tid, stream)
+        ]
+        cap, c, m = len(views[0]) // 8, len(views[1]) // 8, len(views[4]) // 8
+        names = ("ring", "slots", "enter", "leave", "step", "t0_ns", "tid", "stream")
+        wants = (None, None, c, c, None, m, m, m)
+        for name, view, want in zip(names, views, wants, strict=True):
             if len(view) % 8 or (want is not None and len(view) // 8 != want):
                 raise ValueError(
-                    f"record_block: {name} must hold {want if want is not None else -1} "
+                    f"record_ring: {name} must hold {want if want is not None else -1} "
                     f"8-byte values, got {len(view)} bytes"
                 )
-        sl, st, t0, td, sm = (views[i].cast("q") for i in (0, 3, 4, 5, 6))
-        gpu, at = views[1].cast("d"), views[2].cast("d")
+        if n < 1 or n > cap or m * n > cap or first < 0 or first >= cap:
+            raise ValueError(
+                f"record_ring: n ({n}) and first ({first}) must fit {m} replays in a ring of "
+                f"{cap} words (1 <= n, m * n <= cap, 0 <= first < cap)"
+            )
+        rg, sl, en, lv, st, t0, td, sm = (v.cast("q") for v in views)
+        for name, col in (("enter", en), ("leave", lv)):
+            for j, k in enumerate(col):
+                if not 0 <= k < n:
+                    raise ValueError(
+                        f"record_ring: {name}[{j}] must be a timestamp index in [0, {n}), got {k}"
+                    )
+        bases = [(first + i * n) % cap for i in range(m)]
+        offset = float(offset_ns)
+        for i, base in enumerate(bases):
+            for k in en:
+                offset = min(offset, float(rg[(base + k) % cap] - t0[i]))
+        if gen != self._gen or m == 0 or c == 0:
+            return offset
         fold = self._fold
         with _LOCK:
-            for i in range(m):
+            for i, base in enumerate(bases):
                 for j in range(c):
-                    k = i * c + j
-                    fold(sl[j], gen, dev, gpu[k], 0.0, st[i], t0[i], td[i], at[k], sm[i], False)
+                    a, b = rg[(base + en[j]) % cap], rg[(base + lv[j]) % cap]
+                    fold(sl[j], gen, dev, (b - a) * 1e-6, 0.0, st[i], t0[i], td[i],
+                         a - offset, sm[i], False)  # fmt: skip
+        return offset
 
     def count(self, slot: int, gen: int, dev: int) -> None:
         """Count a call that was not timed (``every=N``)."""

@@ -487,53 +487,119 @@ def test_step_rows_agree_between_cores() -> None:
     assert len(results[0][0]) == 4
 
 
-def _block_run(core: ModuleType) -> tuple[Any, ...]:
-    """The same 3 replays x 2 regions folded by record_block and by record, one store each."""
+# A ring of 7 words holding 3 replays of 2 timestamps each, the third split by its end
+# (replay i starts at word (first + 2 i) % 7, first = 2): replay 0 is words 2, 3; replay 1
+# is 4, 5; replay 2 is 6 and 0. Column j runs from timestamp ENTER[j] to LEAVE[j].
+_RING = [3_000_000, -1, 1_000_000, 2_500_000, 1_250_000, 1_500_000, 2_500_000]
+_SLOTS, _ENTER, _LEAVE = [4, 7], [0, 0], [1, 0]
+_STEP, _T0, _TID, _STREAM = [0, 0, 1], [400_000, 1_200_000, 2_000_000], [9] * 3, [3] * 3
+
+
+def _ring_args(**change: Any) -> list[Any]:
     from array import array
 
+    args = {
+        "ring": _RING, "slots": _SLOTS, "enter": _ENTER, "leave": _LEAVE, "step": _STEP,
+        "t0_ns": _T0, "tid": _TID, "stream": _STREAM,
+    }  # fmt: skip
+    args.update(change)
+    q = {k: array("q", v) for k, v in args.items()}
+    return [q["ring"], 2, 2, q["slots"], q["enter"], q["leave"], q["step"], q["t0_ns"],
+            q["tid"], q["stream"]]  # fmt: skip
+
+
+def _ring_run(core: ModuleType) -> tuple[Any, ...]:
+    """The same 3 replays x 2 regions folded by record_ring and by record, one store each."""
     _configure(core)
-    slots, gpu = [4, 7], [1.5, 0.25, 2.0, 0.5, 1.0, 0.125]
-    at, step, t0, tid, stream = (
-        [10.0, 11.0, 20.0, 21.0, 30.0, 31.0],
-        [0, 0, 1],
-        [5, 6, 7],
-        [9] * 3,
-        [3] * 3,
-    )
-    block = core.Store(4, 16, 100, lambda parent, name: 0)
-    block.record_block(
-        0, 0, array("q", slots), array("d", gpu), array("d", at), array("q", step),
-        array("q", t0), array("q", tid), array("q", stream),
-    )  # fmt: skip
+    ring = core.Store(4, 16, 100, lambda parent, name: 0)
+    offset = ring.record_ring(0, 0, *_ring_args(), float("inf"))
     one = core.Store(4, 16, 100, lambda parent, name: 0)
-    for k, g in enumerate(gpu):
-        i, j = divmod(k, 2)
-        one.record(slots[j], 0, 0, g, 0.0, step[i], t0[i], tid[i], at[k], stream[i], False)
-    return tuple(s.snapshot(series=True, trace=True) for s in (block, one))
+    first = [2, 4, 6]
+    for i, base in enumerate(first):
+        for j, slot in enumerate(_SLOTS):
+            a, b = _RING[(base + _ENTER[j]) % 7], _RING[(base + _LEAVE[j]) % 7]
+            one.record(slot, 0, 0, (b - a) * 1e-6, 0.0, _STEP[i], _T0[i], _TID[i],
+                       a - offset, _STREAM[i], False)  # fmt: skip
+    return offset, ring.snapshot(series=True, trace=True), one.snapshot(series=True, trace=True)
 
 
 @pytest.mark.parametrize("core", CORES)
-def test_record_block_folds_as_record_does(core: ModuleType) -> None:
-    """record_block(m x c samples) leaves the store as m*c record() calls would."""
-    block, one = _block_run(core)
-    assert block == one
-    assert sum(s.calls for s in block.stats) == 6 and len(block.trace) == 6
+def test_record_ring_folds_as_record_does(core: ModuleType) -> None:
+    """record_ring(m replays x c calls) leaves the store as m*c record() calls would."""
+    offset, ring, one = _ring_run(core)
+    assert ring == one
+    assert offset == 50_000.0  # replay 1: its first stamp 1.25 ms, launched at 1.2 ms
+    gpu = {s.slot: (s.gpu.n, s.gpu.total) for s in ring.stats}
+    assert gpu[4] == (3, pytest.approx(1.5 + 0.25 + 0.5))  # the split replay read whole
+    assert gpu[7] == (3, 0.0)  # a call whose two boundaries share one timestamp
 
 
 @pytest.mark.parametrize("core", CORES)
-def test_record_block_refuses_lengths_that_do_not_fit(core: ModuleType) -> None:
-    """A buffer of the wrong length is a ValueError naming it; nothing is folded."""
-    from array import array
-
+def test_record_ring_lowers_only_a_larger_offset(core: ModuleType) -> None:
+    """The offset passed in stays when the block's least lead is larger; a reset store's
+    generation folds nothing and still says the offset."""
     store = core.Store(4, 16, 100, lambda parent, name: 0)
-    q, d = array("q", [1, 2]), array("d", [1.0, 2.0, 3.0])
-    one = array("q", [0])
-    with pytest.raises(ValueError, match="gpu_ms"):
-        store.record_block(0, 0, q, d, d, one, one, one, one)
+    assert store.record_ring(0, 0, *_ring_args(), 10.0) == 10.0
+    assert store.record_ring(1, 0, *_ring_args(), float("inf")) == 50_000.0
+    assert sum(s.calls for s in store.snapshot().stats) == 6  # only the first call folded
+
+
+@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"enter": [0]}, "enter must hold 2"),
+        ({"t0_ns": [0, 0]}, "t0_ns must hold 3"),
+        ({"leave": [1, 2]}, r"leave\[1\] must be a timestamp index in \[0, 2\)"),
+        ({"ring": _RING[:5]}, "must fit 3 replays in a ring of 5 words"),
+    ],
+)
+def test_record_ring_refuses_what_does_not_fit(
+    core: ModuleType, change: dict[str, Any], match: str
+) -> None:
+    """A buffer of the wrong length or an index out of the replay is a ValueError naming it;
+    nothing is folded."""
+    store = core.Store(4, 16, 100, lambda parent, name: 0)
+    with pytest.raises(ValueError, match=match):
+        store.record_ring(0, 0, *_ring_args(**change), float("inf"))
     assert store.snapshot().stats == []
 
 
 @needs_c
-def test_record_block_agrees_between_cores() -> None:
-    """The C core's record_block leaves what the Python reference leaves."""
-    assert _block_run(_core_py)[0] == _block_run(C_CORE)[0]  # type: ignore[arg-type]
+def test_record_ring_agrees_between_cores() -> None:
+    """The C core's record_ring leaves what the Python reference leaves."""
+    assert _ring_run(_core_py)[:2] == _ring_run(C_CORE)[:2]  # type: ignore[arg-type]
+
+
+def _edge_values() -> list[float]:
+    """Durations that walk up and down across bucket edges: repeats, values between two seen
+    ones of a bucket, and the last double on either side of an edge."""
+    import math
+
+    from cudatimer._hist import GAMMA
+
+    out: list[float] = []
+    for k in range(-40, 40, 7):
+        edge = GAMMA**k
+        below, above = math.nextafter(edge, 0.0), math.nextafter(edge, math.inf)
+        mid = edge * (1 + (GAMMA - 1) / 2)
+        out += [mid, mid * 1.001, mid * 0.999, mid, below, edge, above, mid, below, above]
+        out += [edge * GAMMA * (1 + 1e-9 * j) for j in range(-3, 4)]
+    return out
+
+
+def _hist_run(core: ModuleType) -> list[Any]:
+    _configure(core)
+    store = core.Store(0, 0, 100, lambda parent, name: 0)
+    for x in _edge_values():
+        store.record(1, 0, 0, x, x, 0, 0, 0, 0.0, 0, False)
+    return [(s.gpu, s.cpu) for s in store.snapshot().stats]
+
+
+@needs_c
+def test_histogram_buckets_agree_between_cores_at_bucket_edges() -> None:
+    """The C core's buckets (a value between two seen in the last bucket skips the log) are
+    the reference's, value for value, at and beside every edge."""
+    python, c = _hist_run(_core_py), _hist_run(C_CORE)  # type: ignore[arg-type]
+    assert [h.buckets for pair in python for h in pair] == [h.buckets for pair in c for h in pair]
+    assert python[0][0].n == len(_edge_values())
