@@ -267,7 +267,9 @@ class Recorder:
             return None
         stack = store.stack()
         gen = store.gen  # before the slot (see reset)
-        top = _live_top(stack)
+        top = stack.top()
+        if top is not None and top.kind == _ORPHAN:  # rare: not a call per replay
+            top = _live_top(stack)
         return (top.slot if top is not None else stack.base, gen, store.step)
 
     def graph_slots(self, parent: int, paths: list[tuple[str, ...] | None]) -> list[int | None]:

@@ -603,3 +603,40 @@ def test_histogram_buckets_agree_between_cores_at_bucket_edges() -> None:
     python, c = _hist_run(_core_py), _hist_run(C_CORE)  # type: ignore[arg-type]
     assert [h.buckets for pair in python for h in pair] == [h.buckets for pair in c for h in pair]
     assert python[0][0].n == len(_edge_values())
+
+
+def _ring_durations_run(core: ModuleType) -> list[Any]:
+    """400 replays x 3 calls whose durations (whole ns) run from 0 past 32768 ns (the C
+    core's table of nanosecond buckets ends there) to 5 ms, folded by record_ring."""
+    import random
+    from array import array
+
+    _configure(core)
+    rng = random.Random(7)
+    n, m = 4, 400
+    words: list[int] = []
+    for _ in range(m):
+        t = rng.randrange(10**9)
+        words += [
+            t,
+            t + rng.randrange(0, 40_000),
+            t + rng.choice([0, 1, 32767, 32768, 5_000_000]),
+            0,
+        ]
+    ring = array("q", words)
+    store = core.Store(4, 0, 10**6, lambda parent, name: 0)
+    q = lambda v: array("q", v)  # noqa: E731
+    store.record_ring(0, 0, ring, 0, n, q([1, 2, 3]), q([0, 0, 2]), q([1, 2, 3]),
+                      q([0] * m), q([0] * m), q([0] * m), q([0] * m), float("inf"))  # fmt: skip
+    return [(s.slot, s.calls, s.gpu) for s in store.snapshot().stats]
+
+
+@needs_c
+def test_record_ring_buckets_agree_between_cores_across_the_ns_table() -> None:
+    """Whole-nanosecond durations below, at and past the C core's bucket table fall in the
+    reference's buckets, value for value."""
+    python, c = _ring_durations_run(_core_py), _ring_durations_run(C_CORE)  # type: ignore[arg-type]
+    assert [(slot, calls, h.buckets, h.zeros, h.n) for slot, calls, h in python] == [
+        (slot, calls, h.buckets, h.zeros, h.n) for slot, calls, h in c
+    ]
+    assert sum(h.zeros for _, _, h in python) > 0 and python[0][1] == 400
