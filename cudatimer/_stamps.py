@@ -4,9 +4,10 @@ A region inside a captured graph cannot use a timing event (recorded in capture,
 the graph; an external event is overwritten by every replay). Instead each boundary adds a
 one-thread kernel node that reads ``%globaltimer`` (ns, 32 ns steps on an H200) into a ring
 of int64 words the graph owns; the graph's last node moves the ring's write offset on and
-counts the replay. Measured on an H200 (torch 2.11): 1.13 us of GPU time per timestamp inside
-a graph (200 timestamps between 200 small kernels: 0.227 -> 0.454 ms a replay); NVRTC
-compiles both kernels in 0.54 s, once per process and device, before the first capture.
+counts the replay. Measured on an H200 (torch 2.11): 0.06-0.09 us of a replay's GPU time per
+timestamp on a branch off the captured stream (1.13 us on the stream itself); NVRTC compiles
+the kernels in about 0.5 s, once per process and device, before the first capture. A third
+kernel copies a chunk into pinned host memory for the host to read.
 
 A chunk is ``cap + 2`` words: the ring ``[0, cap)``, then the offset of the replay being
 written (``cap``) and the count of finished replays (``cap + 1``). ``_capture`` holds the
@@ -34,6 +35,23 @@ extern "C" __global__ void ct_stamp(long long* chunk, int k, int cap) {
 extern "C" __global__ void ct_advance(long long* chunk, int n, int cap) {
     chunk[cap] = (chunk[cap] + n) % cap;
     chunk[cap + 1] += 1;
+}
+// One block copies a chunk into pinned host memory (its address in two ints: the launcher
+// passes ints as 32-bit), in the order the host reads it: the count of finished replays, the
+// ring, the count again; barriers keep the three reads in that order against a replay that
+// runs meanwhile on another stream.
+extern "C" __global__ void ct_snapshot(const long long* chunk, int lo, int hi, int cap) {
+    long long* dst = (long long*)(((unsigned long long)(unsigned)hi << 32) | (unsigned)lo);
+    const volatile long long* src = chunk;
+    __shared__ long long before;
+    if (threadIdx.x == 0) before = src[cap + 1];
+    __syncthreads();
+    for (int i = threadIdx.x; i < cap; i += blockDim.x) dst[1 + i] = src[i];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        dst[0] = before;
+        dst[cap + 1] = src[cap + 1];
+    }
 }
 """
 
@@ -155,6 +173,7 @@ class CudaStamps:
         with torch.cuda.device(device):
             self._stamp = compile_kernel(_SOURCE, "ct_stamp")
             self._advance = compile_kernel(_SOURCE, "ct_advance")
+            self._snapshot = compile_kernel(_SOURCE, "ct_snapshot")
         self._info = _CaptureInfo()
         self._side: Any = None
 
@@ -186,9 +205,11 @@ class CudaStamps:
         return self._info.last_node(int(raw))
 
     def copy(self, chunk: Any, cap: int, after: list[Any] | None) -> Copy:
-        # On the replays' own stream a copy reads exactly the replays before it (a 512 KiB
-        # copy: ~10 us of that stream's time every few hundred replays); a report's copy
-        # waits for every stream the graph was replayed on, from a side stream.
+        # On the replays' own stream a copy reads exactly the replays before it; a report's
+        # copy waits for every stream the graph was replayed on, from a side stream. One
+        # kernel writes the pinned buffer (host memory is addressable from the device under
+        # unified addressing): three copy_ calls took ~270 us of host time each time on an
+        # H200 host (0.8 us a replay amortised), the kernel's launch a few us.
         if after is None:
             stream = torch.cuda.current_stream(self.device)
         else:
@@ -200,16 +221,14 @@ class CudaStamps:
             if chunk.free
             else torch.empty(cap + 2, dtype=torch.int64, pin_memory=True)
         )
+        ptr = staging.data_ptr()
+        lo, hi = ptr & 0xFFFFFFFF, ptr >> 32
+        lo -= (1 << 32) if lo >= 1 << 31 else 0  # as the signed 32-bit int it is passed as
+        hi -= (1 << 32) if hi >= 1 << 31 else 0
         with torch.cuda.stream(stream):  # type: ignore[no-untyped-call]
             for event in after or ():
                 stream.wait_event(event)
-            words = chunk.words
-            count = words[cap + 1 : cap + 2]
-            # The count before and after the ring: replays counted before were whole when the
-            # ring was read; one in flight during the read may overwrite the oldest ones.
-            staging[0:1].copy_(count, non_blocking=True)
-            staging[1 : cap + 1].copy_(words[:cap], non_blocking=True)
-            staging[cap + 1 :].copy_(count, non_blocking=True)
+            self._snapshot(grid=(1, 1, 1), block=(1024, 1, 1), args=[chunk.words, lo, hi, cap])
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(stream)
         return _CudaCopy(staging, event, chunk.free)
