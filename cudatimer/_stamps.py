@@ -123,7 +123,7 @@ class _Chunk:
         self.side = side
         self.fork = fork
         self.stamped = False
-        # Pinned buffers read and free again: a new 512 KiB pinned buffer per copy cost ~9 us
+        # Pinned buffers read and free again: a new pinned buffer of 512 KiB per copy cost ~9 us
         # a replay (amortised over the 324 replays between copies; H200 host, torch 2.11).
         self.free: list[Any] = []
 
