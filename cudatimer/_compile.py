@@ -1,7 +1,8 @@
 """Regions inside ``torch.compile``d code: the compiled-graph boundary source.
 
 While Dynamo traces, a region becomes two custom ops, ``cudatimer::enter(key, deps)`` and
-``cudatimer::exit(key, deps)``, registered as ordered side effects: Dynamo keeps them with
+``cudatimer::exit(key, deps)`` (an overload per count of tensor dependencies: ``.none``,
+``.one``, ``.two``, and the list), registered as ordered side effects: Dynamo keeps them with
 ``fullgraph=True`` and adds no graph break, AOTAutograd threads an effect token through them so
 they stay in program order, and Inductor calls them from its generated code. Their bodies run
 the region's own ``__enter__``/``__exit__`` when the compiled code runs, so a compiled region
@@ -44,6 +45,10 @@ __all__ = ["REASON", "SUPPORTED", "block", "call", "key_of", "left_out", "tensor
 
 # key -> Region; a region traced into compiled code stays alive as long as the code may run.
 _REGIONS: list[Any] = []
+# key -> the region's bound __enter__ and __exit__: the ops' kernels call them straight (one
+# list index and a call, no attribute lookup on the region).
+_ENTERS: list[Callable[[], Any]] = []
+_EXITS: list[Callable[[Any, Any, Any], Any]] = []
 _KEYS: dict[int, int] = {}  # id(region) -> key
 _TIMERS: list[weakref.ref[Any]] = []  # timer_key -> Timer
 _LEFT_OUT: dict[int, int] = {}  # timer_key -> regions traced while the mechanism is off
@@ -61,6 +66,8 @@ def key_of(region: Any) -> int:
             if key is None:
                 key = len(_REGIONS)
                 region.compiled = True  # its frames may be left open by compiled code
+                _ENTERS.append(region.__enter__)
+                _EXITS.append(region.__exit__)
                 _REGIONS.append(region)
                 _KEYS[id(region)] = key
     return key
@@ -74,15 +81,16 @@ def timer_key(timer: Any) -> int:
         return len(_TIMERS) - 1
 
 
-def _enter_body(key: int, deps: list[torch.Tensor]) -> None:
-    _REGIONS[key].__enter__()
+def _enter_body(key: int, *deps: Any) -> None:
+    """Every enter overload's kernel (``deps``: none, one or two tensors, or one list)."""
+    _ENTERS[key]()
 
 
-def _exit_body(key: int, deps: list[torch.Tensor]) -> None:
-    _REGIONS[key].__exit__(None, None, None)
+def _exit_body(key: int, *deps: Any) -> None:
+    _EXITS[key](None, None, None)
 
 
-def _no_op(key: int, deps: list[torch.Tensor]) -> None:
+def _no_op(key: int, *deps: Any) -> None:
     """The ops' fake kernel: tracing with fake tensors records nothing."""
 
 
@@ -116,16 +124,26 @@ def _order(op: Any) -> bool:
 # The ops are defined with torch.library.Library and a plain Python kernel, not with
 # torch.library.custom_op: its Python layers (autograd wrapper, dispatch helpers) cost ~25 us a
 # call against ~4.5 us for the bare dispatcher hop into a Python kernel (CPU machine, one mark
-# with a tensor in ``deps``; the region's own enter and exit take ~3.6 us beside it). Tensor
-# arguments cost too (an int-only call 3.7-4.0 us, one with a list of one tensor 6.4-6.9 us),
-# but the enter mark needs its own: without them Inductor ran a matmul that precedes a region
-# after the region's enter mark (tests/test_compile.py pins the order down).
-_SCHEMAS = {"enter": "(int key, Tensor[] deps) -> ()", "exit": "(int key, Tensor[] deps) -> ()"}
+# with a tensor in ``deps``; the region's own enter and exit take ~3.6 us beside it).
+# The schema's tensor arguments cost as well, and a list most: a bare hop into a Python kernel
+# took 1.7 us with only the int, 2.0 us with one Tensor, 2.3 us with two, 2.4 us with an empty
+# Tensor[] and 2.75 us with a list of one or two (CPU machine, min of 80 rounds). So each op has
+# an overload per common count of dependencies (a ``with`` block: none; a module's forward:
+# mostly one input and one output) and the list for the rest. The enter mark needs its
+# dependencies: without them Inductor ran a matmul that precedes a region after the region's
+# enter mark (tests/test_compile.py pins the order down).
+_OVERLOADS = (
+    ("none", "(int key) -> ()"),
+    ("one", "(int key, Tensor a) -> ()"),
+    ("two", "(int key, Tensor a, Tensor b) -> ()"),
+    ("default", "(int key, Tensor[] deps) -> ()"),
+)
 _library: Any = None  # the Library must live as long as its ops
 
 
 def _define() -> tuple[Any, Any, str]:
-    """The enter and exit ops, or (None, None, why not)."""
+    """The enter and exit ops (each a tuple of the overloads, in ``_OVERLOADS``' order), or
+    (None, None, why not)."""
     global _library
     if not env_flag("CUDATIMER_COMPILE", default=True):
         return None, None, "CUDATIMER_COMPILE=0 is set"
@@ -138,15 +156,21 @@ def _define() -> tuple[Any, Any, str]:
         library: Any = torch.library.Library  # untyped in torch's stubs
         lib = library("cudatimer", "DEF")
         for name, body in (("enter", _enter_body), ("exit", _exit_body)):
-            lib.define(name + _SCHEMAS[name])
-            # Every backend, one kernel; no autograd formula is needed: the ops return nothing.
-            lib.impl(name, body, "CompositeExplicitAutograd")
-            register_fake("cudatimer::" + name, _no_op, lib=lib)
+            for overload, schema in _OVERLOADS:
+                full = name if overload == "default" else f"{name}.{overload}"
+                lib.define(full + schema)
+                # Every backend, one kernel; no autograd formula is needed: the ops return
+                # nothing.
+                lib.impl(full, body, "CompositeExplicitAutograd")
+                register_fake("cudatimer::" + full, _no_op, lib=lib)
     except Exception as e:  # an older torch.library: the fallback, with the reason
         return None, None, f"torch {torch.__version__} could not define the marks ({e})"
     _library = lib
-    ops = (torch.ops.cudatimer.enter.default, torch.ops.cudatimer.exit.default)
-    if not all(_order(op) for op in ops):
+    ops = tuple(
+        tuple(getattr(getattr(torch.ops.cudatimer, name), overload) for overload, _ in _OVERLOADS)
+        for name in ("enter", "exit")
+    )
+    if not all(_order(op) for op in ops[0] + ops[1]):
         return None, None, f"torch {torch.__version__} has no ordered custom-op effects"
     return ops[0], ops[1], ""
 
@@ -184,6 +208,20 @@ def _any(t: torch.Tensor, found: list[torch.Tensor]) -> bool:
     return True
 
 
+def _mark(ops: Any, key: int, deps: list[torch.Tensor]) -> None:
+    """Put the mark ``ops`` (``_ENTER`` or ``_EXIT``) for ``key`` into the traced graph, by the
+    overload for the number of ``deps`` (a constant while Dynamo traces: one branch is kept)."""
+    n = len(deps)
+    if n == 0:
+        ops[0](key)
+    elif n == 1:
+        ops[1](key, deps[0])
+    elif n == 2:
+        ops[2](key, deps[0], deps[1])
+    else:
+        ops[3](key, deps)
+
+
 _F = TypeVar("_F", bound=Callable[..., int])
 
 
@@ -208,11 +246,11 @@ class _Marks:
         self.key = key
 
     def __enter__(self) -> _Marks:
-        _ENTER(self.key, [])
+        _ENTER[0](self.key)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _EXIT(self.key, [])
+        _EXIT[0](self.key)
 
 
 @_constant
@@ -246,11 +284,11 @@ def call(key: int, timer: int, fn: Callable[..., Any], args: Any, kwargs: Any) -
         return fn(*args, **kwargs)
     deps: list[torch.Tensor] = []
     tensors_in((args, kwargs), deps, _MAX_DEPS, _any)
-    _ENTER(key, deps)
+    _mark(_ENTER, key, deps)
     out = fn(*args, **kwargs)
     deps = []
     tensors_in(out, deps, _MAX_DEPS, _any)
-    _EXIT(key, deps)
+    _mark(_EXIT, key, deps)
     return out
 
 

@@ -345,6 +345,64 @@ def test_inductor_keeps_a_decorated_call_between_its_marks() -> None:
     assert calls(t) == {"first": 1, "second": 1, "third": 1}
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_marks_take_the_overload_for_their_count_of_tensors(backend: str) -> None:
+    """A decorated call's marks take the overload for the number of tensors they depend on
+    (none, one, two, or the list for more: cheaper to call than a list), and each is counted
+    once a call; Inductor's code calls them by name."""
+    from torch._inductor.utils import run_and_get_code
+
+    t = Timer(name="overloads")
+
+    @t.timed("zero")
+    def zero(k: int) -> int:
+        return k + 1
+
+    @t.timed("one")
+    def one(x: torch.Tensor) -> torch.Tensor:
+        return x.sin()
+
+    @t.timed("two")
+    def two(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x * y
+
+    @t.timed("three")
+    def three(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x + y, y + z, z + x
+
+    def fn(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        a, b, c = three(one(x), two(y, z), z)
+        return a * b * c * zero(2)
+
+    args = [torch.randn(8) for _ in range(3)]
+    compiled = torch.compile(fn, backend=backend, fullgraph=True)
+    if backend == "inductor":
+        out, codes = run_and_get_code(compiled, *args)
+        body = codes[0][codes[0].index("def call(") :]
+        used = sorted(
+            {
+                line.split("torch.ops.cudatimer.")[1].split("(")[0]
+                for line in body.splitlines()
+                if "torch.ops.cudatimer." in line
+            }
+        )
+        assert used == [
+            "enter.default",
+            "enter.none",
+            "enter.one",
+            "enter.two",
+            "exit.default",
+            "exit.none",
+            "exit.one",
+        ]
+    else:
+        out = compiled(*args)
+    x, y, z = args
+    a, b, c = x.sin() + y * z, y * z + z, z + x.sin()
+    torch.testing.assert_close(out, a * b * c * 3)
+    assert calls(t) == {"one": 1, "two": 1, "three": 1, "zero": 1}
+
+
 def test_marks_of_with_blocks_keep_their_order() -> None:
     """`with` blocks in Inductor's code: each enter mark before its exit mark, blocks in
     program order (their kernels may move: a block declares no outputs)."""
