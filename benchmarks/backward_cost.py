@@ -25,20 +25,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
+from _workloads import GPT, GPTConfig
 
-import cudatimer  # noqa: E402
-from _workloads import GPT, GPTConfig  # noqa: E402
+import cudatimer
 
 # Steps per timing and timings per variant; the environment variable keeps the smoke test short.
-STEPS = int(os.environ.get("CUDATIMER_BENCH_N", "200"))
-ROUNDS = 7
+STEPS = int(os.environ.get("CUDATIMER_BENCH_N", "100"))
+ROUNDS = 9
 VARIANTS = ("plain", "forward", "backward")
 
 
 def _model(device: str) -> tuple[GPT, Callable[[], None]]:
     if device == "cpu":
+        # One intra-op thread: with two on a loaded 2-core machine a 16-wide linear took 2 ms
+        # (threads waiting on each other) instead of 10 us, and the host cost drowned in it.
+        torch.set_num_threads(1)
         cfg, batch = GPTConfig(vocab=64, seq=8, layers=6, width=16, heads=2), 1
     else:
         cfg, batch = GPTConfig(layers=6), 8
@@ -58,19 +61,19 @@ def _model(device: str) -> tuple[GPT, Callable[[], None]]:
 
 
 def _time(step: Callable[[], None], device: str) -> float:
-    """Seconds per step: the best of ROUNDS runs of STEPS steps (the least disturbed)."""
-    best = float("inf")
-    for _ in range(ROUNDS):
-        if device != "cpu":
-            torch.cuda.synchronize()
-        gc.collect()
-        t0 = time.perf_counter()
-        for _ in range(STEPS):
-            step()
-        if device != "cpu":
-            torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / STEPS)
-    return best
+    """Seconds per step over STEPS steps: on the CPU this process's CPU time (other jobs on a
+    shared machine moved wall time by 2x between runs, CPU time by a few %), on a GPU wall
+    time between two synchronisations."""
+    clock = time.process_time if device == "cpu" else time.perf_counter
+    if device != "cpu":
+        torch.cuda.synchronize()
+    gc.collect()
+    t0 = clock()
+    for _ in range(STEPS):
+        step()
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return (clock() - t0) / STEPS
 
 
 def main() -> None:
@@ -81,18 +84,22 @@ def main() -> None:
     timer = cudatimer.Timer(name="backward-cost")
     for _ in range(3):
         step()  # warm up: allocator, kernels
-    times: dict[str, float] = {}
+    # Rounds interleave the variants, and each keeps its best round (the least disturbed):
+    # on a shared 2-core machine a block of rounds per variant drifted by 30% between runs.
+    times = dict.fromkeys(VARIANTS, float("inf"))
     modules = 0
-    for variant in VARIANTS:
-        if variant == "plain":
-            times[variant] = _time(step, device)
-            continue
-        with cudatimer.instrument(model, backward=variant == "backward", timer=timer) as h:
-            modules = len(h)
-            step()
-            times[variant] = _time(step, device)
-            cudatimer.step()
-    timer.summary()  # resolves every sample: nothing left pending
+    for _ in range(ROUNDS):
+        for variant in VARIANTS:
+            if variant == "plain":
+                times[variant] = min(times[variant], _time(step, device))
+                continue
+            backward = variant == "backward"
+            with cudatimer.instrument(model, backward=backward, timer=timer) as handle:
+                modules = len(handle)
+                step()
+                times[variant] = min(times[variant], _time(step, device))
+            timer.summary()  # resolves every sample: nothing left pending
+            timer.reset()
     plain = times["plain"]
     print(f"{device}: {modules} modules, {STEPS} steps x {ROUNDS} rounds (best round)")
     for variant in VARIANTS:

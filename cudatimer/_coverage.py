@@ -57,7 +57,7 @@ def backward_coverage(regions: Sequence[RegionStats]) -> tuple[Coverage, ...]:
     }
     covered: dict[tuple[str, str], tuple[float, int]] = {}
     for r in regions:
-        parent, sep, leaf = r.name.rpartition("/")
+        parent, sep, _ = r.name.rpartition("/")
         if sep and (parent, r.clock) in roots:
             ms, n = covered.get((parent, r.clock), (0.0, 0))
             covered[(parent, r.clock)] = (ms + r.total_ms, n + 1)

@@ -254,9 +254,7 @@ class _BackwardRegion(Region):
         super().__init__(*args)
         timer: Timer = args[0]
         name: str = args[1]
-        self.backward_site = _backward.Site(
-            timer.region(f"{name}.backward"), (f"{name}.backward",)
-        )
+        self.backward_site = _backward.Site(timer.region(f"{name}.backward"), (f"{name}.backward",))
         self._seqs = _Seqs()
 
     def __enter__(self) -> Region:
@@ -292,7 +290,7 @@ class _BackwardRegion(Region):
                 "block began, so call it inside the block"
             )
         if torch.is_grad_enabled() and self.timer.recorder.store.enabled:
-            _backward.watch(outputs, stack[-1], self.backward_site)
+            _backward.watch(outputs, stack[-1], self.backward_site, bounded=True)
 
 
 #: What regions become when ``CUDATIMER_DISABLE`` is set: nothing on enter, exit or call.

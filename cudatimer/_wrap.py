@@ -81,7 +81,7 @@ def wrap(fn: Any, region: Region, entry: bool = True) -> Any:
     if site is not None:
         fn = _timing_backward(fn, site)
     if _is_module(fn):
-        bind_forward(fn, region, None if site is None else _hooking(site))
+        bind_forward(fn, region)  # its forward is wrapped below, backward_site and all
         return fn
     if isinstance(fn, type):
         return _wrap_class(fn, region)
@@ -196,10 +196,6 @@ def wrap(fn: Any, region: Region, entry: bool = True) -> Any:
     return timed_function
 
 
-def _hooking(site: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    return functools.partial(_backward.hooking, site=site)
-
-
 def _timing_backward(fn: Any, site: Any) -> Any:
     """``fn`` (a function or method) that also times the backward of its tensor outputs; a
     module or an nn.Module subclass as it is (its forward is wrapped); anything else a
@@ -227,7 +223,7 @@ def _timing_backward(fn: Any, site: Any) -> Any:
             f"{getattr(fn, '__qualname__', fn)!r} is {kind}. Use `with region:` and "
             "region.backward_from(tensors) inside it instead"
         )
-    return functools.wraps(fn)(_backward.hooking(fn, site))
+    return functools.wraps(fn)(_backward.hooking(fn, site, bounded=True))
 
 
 def _compiled_entry(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
