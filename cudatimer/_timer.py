@@ -254,7 +254,9 @@ class _BackwardRegion(Region):
         super().__init__(*args)
         timer: Timer = args[0]
         name: str = args[1]
-        self.backward_site = _backward.Site(timer.region(f"{name}.backward"), (f"{name}.backward",))
+        # Under CUDATIMER_DISABLE this region only checks its options (NULL_BACKWARD runs).
+        row = None if DISABLED_AT_IMPORT else timer.region(f"{name}.backward")
+        self.backward_site = None if row is None else _backward.Site(row, (f"{name}.backward",))
         self._seqs = _Seqs()
 
     def __enter__(self) -> Region:
@@ -289,8 +291,31 @@ class _BackwardRegion(Region):
                 "this thread: the backward of a block is the autograd nodes made since the "
                 "block began, so call it inside the block"
             )
-        if torch.is_grad_enabled() and self.timer.recorder.store.enabled:
-            _backward.watch(outputs, stack[-1], self.backward_site, bounded=True)
+        site = self.backward_site
+        if site is not None and torch.is_grad_enabled() and site.store.enabled:
+            _backward.watch(outputs, stack[-1], site, bounded=True)
+
+
+class _NullBackwardRegion:
+    """What a ``backward=True`` region becomes under ``CUDATIMER_DISABLE``: nothing on enter,
+    exit, call or ``backward_from`` (the C core's NullRegion cannot be subclassed)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _NullBackwardRegion:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __call__(self, fn: F) -> F:
+        return fn
+
+    def backward_from(self, *outputs: torch.Tensor) -> None:
+        return None
+
+
+NULL_BACKWARD: Any = _NullBackwardRegion()
 
 
 #: What regions become when ``CUDATIMER_DISABLE`` is set: nothing on enter, exit or call.
@@ -497,7 +522,9 @@ class Timer:
             backward,
         )
         # With CUDATIMER_DISABLE the options are still checked, and the region does nothing.
-        return NULL_REGION if DISABLED_AT_IMPORT else made  # type: ignore[no-any-return]
+        if DISABLED_AT_IMPORT:
+            return NULL_BACKWARD if backward else NULL_REGION  # type: ignore[no-any-return]
+        return made
 
     def _sampler(self, name: str, every: int) -> itertools.count[int]:
         counter = self._samplers.get((name, every))
