@@ -98,6 +98,18 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
             "columns": list(TRACE_COLUMNS),
             "rows": [list(dataclasses.astuple(t)) for t in summary.trace],
         },
+        # Derived from "regions" (readers recompute it; load ignores it), so schema 1 stands.
+        "backward_coverage": [
+            {
+                "region": c.region,
+                "clock": c.clock,
+                "total_ms": c.total_ms,
+                "covered_ms": c.covered_ms,
+                "children": c.children,
+                "fraction": None if math.isnan(c.fraction) else c.fraction,
+            }
+            for c in summary.backward_coverage
+        ],
     }
 
 

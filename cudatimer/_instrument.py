@@ -8,38 +8,36 @@ against +0.3 us for the wrapper), and a forward hook is skipped when forward rai
 ``BaseException`` such as KeyboardInterrupt, which would leave the region open on the thread's
 stack for good. The wrapper closes its region on every exception.
 
-Backward (``backward=True``): each forward call hooks its output tensors (the first gradient
-to arrive opens the region) and its input tensors (the first input gradient closes it), as a
-detached region (the backward runs on autograd's threads, where no region of the forward is
-open), named ``<module path>.backward``. Approximate: this brackets the module's backward
-kernels when its backward runs as one block; a module whose inputs need no gradient (the first
-layer) has no backward region; an in-place module's region is empty (its input is its output).
-Tensor hooks, not ``register_full_backward_hook``: full backward hooks wrap the module's outputs
-in an autograd Function, and an in-place op on them afterwards (``nn.ReLU(inplace=True)`` after
-a Linear) then raises in the forward.
+Backward (``backward=True``): each forward call of a chosen module also times its backward
+(``_backward``: one pre-hook on the node that made the call's output, closed when a node made
+before the call runs or the backward pass ends), as a detached row at a fixed place that
+mirrors the forward tree under one root per model: ``Net.backward/layers.0/attn`` for the
+forward row ``Net/layers.0/attn``. The root row ``Net.backward`` is the model's whole
+backward (when the model itself is instrumented), so its children's share of it is the
+backward's coverage (``Summary.backward_coverage``). Fixed paths, not the thread's stack: the
+backward runs on autograd's threads on the GPU and under the caller's regions on the CPU, and
+the tree must read the same on both.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import functools
 import sys
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import torch
 
-from ._compile import tensors_in
-from ._timer import Region, Timer, _is_compiling
+from . import _backward
+from ._config import DISABLED_AT_IMPORT
+from ._timer import Timer
 from ._wrap import bind_forward, skip_dynamo_frames
 
 __all__ = ["Instrumented", "instrument"]
 
 # Module -> its live handle: instrumenting a module twice would nest every region in itself.
 _LIVE: weakref.WeakKeyDictionary[torch.nn.Module, Instrumented] = weakref.WeakKeyDictionary()
-# Tensors looked at in a module's inputs and outputs (nested tuples, lists, dicts).
-_MAX_TENSORS = 64
-
 Pattern = str | type
 
 # "/" separates nesting levels in region paths, and torch allows it in a child's name
@@ -60,7 +58,8 @@ class Instrumented:
     manager (``with cudatimer.instrument(model): ...`` removes at the end).
 
     ``regions`` maps each instrumented module path ("" for the model itself) to its region
-    name; ``backward_regions`` likewise for backward regions.
+    name; ``backward_regions`` maps each to its backward row's path
+    (``Net.backward/layers.0``; the model itself: ``Net.backward``).
     """
 
     def __init__(self, model: torch.nn.Module, timer: Timer) -> None:
@@ -166,9 +165,9 @@ def instrument(
     count as levels). ``include`` / ``exclude``: globs on dotted module paths (``"h.*.attn"``;
     ``fnmatch``, where ``*`` also matches dots; the model's own path is ``""``), nn.Module
     subclasses, or lists of those; ``exclude`` skips a module, not its children (``"h.0*"``
-    skips a subtree). ``backward=True`` adds approximate regions around each module's backward
-    (tensor hooks, on autograd's thread), named ``<path>.backward``. ``timer``: default Timer if
-    None.
+    skips a subtree). ``backward=True`` also times each module call's backward, as rows that
+    mirror the forward tree under ``<Model>.backward`` (``GPT.backward/h.0/attn``; see
+    docs/instrument.md for what a module's backward is). ``timer``: default Timer if None.
 
     >>> import torch, cudatimer
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
@@ -204,15 +203,21 @@ def instrument(
         )
 
     root_name = _part(type(model).__name__)
-    # (torch's module path, its path with region-safe parts, region name, module)
-    chosen: list[tuple[str, str, str, torch.nn.Module]] = []
+    # (torch's module path, region name, the forward row's parts below the model, module)
+    chosen: list[tuple[str, str, tuple[str, ...], torch.nn.Module]] = []
     seen: set[int] = set()
 
     def walk(
-        module: torch.nn.Module, path: str, label: str, level: int, anchor: str | None
+        module: torch.nn.Module,
+        path: str,
+        label: str,
+        level: int,
+        anchor: str | None,
+        parts: tuple[str, ...],
     ) -> None:
         # path: torch's dotted path (for globs); label: the same with region-safe parts;
-        # anchor: the label of the nearest instrumented module above (None: none yet).
+        # anchor: the label of the nearest instrumented module above (None: none yet);
+        # parts: the region names of the instrumented modules above, below the model.
         if id(module) in seen or isinstance(module, torch.jit.ScriptModule):
             return
         seen.add(id(module))
@@ -230,7 +235,9 @@ def instrument(
                     name = label[len(anchor) + 1 :]
                 if not name.strip():  # a child named " ": shown quoted, as a name must show
                     name = repr(name)
-                chosen.append((path, label, name, module))
+                if path:
+                    parts = (*parts, name)
+                chosen.append((path, name, parts, module))
                 anchor = label
         next_level = level + 1 if callable_ else level
         if depth is not None and next_level > depth:
@@ -243,9 +250,10 @@ def instrument(
                 f"{label}.{part}" if label else part,
                 next_level,
                 anchor,
+                parts,
             )
 
-    walk(model, "", "", 0, None)
+    walk(model, "", "", 0, None, ())
     if not chosen:
         raise ValueError(
             f"instrument() found no module to time in {type(model).__name__} "
@@ -253,14 +261,18 @@ def instrument(
         )
 
     handle = Instrumented(model, timer)
+    # One root per model: every backward row lies under it, the model's own row or not.
+    root = f"{root_name}.backward"
     try:
-        for path, safe, name, module in chosen:
+        for path, name, parts, module in chosen:
             region = timer.region(name)
             inner = None
-            if backward:
-                label = f"{safe or root_name}.backward"
-                inner = _backward_hooks(timer.region(label))
-                handle.backward_regions[path] = label
+            if backward and not DISABLED_AT_IMPORT:
+                site = _backward.Site(
+                    timer.region(f"{parts[-1]}.backward" if parts else root), (root, *parts)
+                )
+                inner = functools.partial(_backward.hooking, site=site)
+                handle.backward_regions[path] = "/".join(site.path)
             # Only the model itself may be compiled as a whole (torch.compile(model)); its
             # submodules' forwards run inside the frames Dynamo traces, or eagerly.
             handle._undo.append(bind_forward(module, region, inner, entry=path == ""))
@@ -270,50 +282,6 @@ def instrument(
         raise
     _LIVE[model] = handle
     return handle
-
-
-def _needs_grad(t: torch.Tensor, found: list[torch.Tensor]) -> bool:
-    """Tensors that need a gradient in a module's inputs or outputs, each once."""
-    return t.requires_grad and all(t is not f for f in found)
-
-
-def _backward_hooks(region: Region) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Wrap a forward so that each call hooks its outputs and inputs for ``region``."""
-    rec = region.timer.recorder
-
-    def inner(forward: Callable[..., Any]) -> Callable[..., Any]:
-        def forward_hooking_backward(*args: Any, **kwargs: Any) -> Any:
-            out = forward(*args, **kwargs)
-            if not torch.is_grad_enabled() or _is_compiling():
-                return out
-            outputs: list[torch.Tensor] = []
-            tensors_in(out, outputs, _MAX_TENSORS, _needs_grad)
-            if not outputs:
-                return out
-            inputs: list[torch.Tensor] = []
-            tensors_in((args, kwargs), inputs, _MAX_TENSORS, _needs_grad)
-            if not inputs:
-                return out
-            token: list[Any] = []  # the open region of this call, once its backward began
-
-            def begin(grad: Any) -> None:
-                if not token:
-                    token.append(rec.begin(region))
-
-            def end(grad: Any) -> None:
-                if token and token[0] is not False:
-                    rec.end(region, token[0])
-                    token[0] = False  # closed: later input gradients change nothing
-
-            for t in outputs:
-                t.register_hook(begin)  # type: ignore[no-untyped-call]
-            for t in inputs:
-                t.register_hook(end)  # type: ignore[no-untyped-call]
-            return out
-
-        return forward_hooking_backward
-
-    return inner
 
 
 skip_dynamo_frames(sys.modules[__name__])

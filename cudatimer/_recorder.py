@@ -98,6 +98,8 @@ class Recorder:
         # Synchronisations seen by detect_syncs(): per slot, and {(location, kind, slot): n}.
         self.slot_syncs: dict[int, int] = {}
         self.sync_sites: dict[tuple[str, str, int], int] = {}
+        # Fixed paths of detached regions (begin_at) -> (generation, slot).
+        self._fixed: dict[tuple[str, ...], tuple[int, int]] = {}
 
     def _slot(self, stack: Any, top: Any, name: str) -> int:
         """The slot of ``name`` under the top of ``stack``. A frame pushed on this thread while
@@ -227,7 +229,35 @@ class Recorder:
         stack = store.stack()
         top = stack.top()
         gen = store.gen  # before the slot (see reset)
-        slot = self._slot(stack, top, r.name)
+        return self._detached(r, stack, self._slot(stack, top, r.name), gen)
+
+    def begin_at(self, r: Region, path: tuple[str, ...]) -> Any:
+        """``begin`` at a fixed path from the tree's root, whatever is open on this thread
+        (backward rows: autograd's threads have nothing open, the CPU's caller has the region
+        around ``loss.backward()``). The path's slot is cached per generation: one dict hit."""
+        store = self.store
+        if _is_compiling() or not store.enabled:
+            return None
+        gen = store.gen  # before the slot (see reset)
+        cached = self._fixed.get(path)
+        if cached is not None and cached[0] == gen:
+            slot = cached[1]
+        else:
+            slot = self._fixed_slot(path)
+            self._fixed[path] = (gen, slot)
+        return self._detached(r, store.stack(), slot, gen)
+
+    def _fixed_slot(self, path: tuple[str, ...]) -> int:
+        while True:
+            try:
+                slot = -1
+                for name in path:
+                    slot = self.tree.child(slot, name)
+                return slot
+            except KeyError:  # another thread's reset() pruned a parent just made: again
+                continue
+
+    def _detached(self, r: Region, stack: Any, slot: int, gen: int) -> Any:
         rid = r.domain.start(r.attrs) if r.nvtx else None
         if not r.timing:
             return _core.Frame(r, slot, gen, _NVTX, range_id=rid)

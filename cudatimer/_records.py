@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ._hist import Histogram
+
+if TYPE_CHECKING:
+    from ._coverage import Coverage
 
 SCHEMA_VERSION = 1
 
@@ -215,3 +218,11 @@ class Summary:
     @property
     def names(self) -> tuple[str, ...]:
         return row_names(self.regions)
+
+    @property
+    def backward_coverage(self) -> tuple[Coverage, ...]:
+        """Per backward root row (``<Model>.backward``) and clock: its time and the part its
+        child rows cover (``Coverage.fraction``); derived from ``regions``."""
+        from ._coverage import backward_coverage
+
+        return backward_coverage(self.regions)

@@ -441,6 +441,12 @@ def _notes(
             f"{', '.join(dict.fromkeys(sampled))}: sampled (every=N); times cover the timed "
             "calls only (estimate a total as mean x calls)"
         )
+    for c in summary.backward_coverage:
+        notes.append(
+            f"backward coverage: {elide(c.region)} ({c.clock}): its {c.children} child row(s) "
+            f"cover {_pct(c.fraction)} of its {_ms(c.total_ms)} ms ({_ms(c.uncovered_ms)} ms "
+            "ran in no child row)"
+        )
     if summary.pending:
         notes.append(
             f"{summary.pending} sample(s) were still running on the GPU when the report timed "

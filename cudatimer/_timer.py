@@ -18,6 +18,7 @@ import itertools
 import logging
 import math
 import os
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
@@ -26,7 +27,7 @@ from typing import IO, Any, Literal, TypedDict, TypeVar
 import torch
 from typing_extensions import Unpack  # a dependency of torch; imported for get_type_hints
 
-from . import _compile, _core, _device
+from . import _backward, _compile, _core, _device
 from ._config import DISABLED_AT_IMPORT, PURE_PYTHON
 from ._nvtx import Domain, resolve_color
 from ._ranks import RankSummary
@@ -64,6 +65,7 @@ class RegionOptions(TypedDict, total=False):
     clock: Clock | None
     streams: Iterable[Any] | None
     every: int | None
+    backward: bool | None
 
 
 _REGION_OPTIONS = frozenset(RegionOptions.__annotations__)
@@ -231,6 +233,91 @@ class _SampledRegion(Region):
         return self
 
 
+class _Seqs(threading.local):
+    """Per thread: the autograd node number at each open ``with`` of one backward region."""
+
+    def __init__(self) -> None:
+        self.stack: list[int] = []
+
+
+class _BackwardRegion(Region):
+    """A region with ``backward=True``: its calls' backward is the row ``<name>.backward``.
+
+    Decorating: the wrapper (``_wrap``) hooks each call's tensor outputs. ``with`` block: the
+    block records the autograd node number at its start, and ``backward_from(*outputs)``
+    inside it hooks the tensors handed in; their backward row covers the nodes made since.
+    """
+
+    __slots__ = ("_seqs", "backward_site")
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        timer: Timer = args[0]
+        name: str = args[1]
+        # Under CUDATIMER_DISABLE this region only checks its options (NULL_BACKWARD runs).
+        row = None if DISABLED_AT_IMPORT else timer.region(f"{name}.backward")
+        self.backward_site = None if row is None else _backward.Site(row, (f"{name}.backward",))
+        self._seqs = _Seqs()
+
+    def __enter__(self) -> Region:
+        self._seqs.stack.append(_backward.seq_now())
+        _core.RegionBase.__enter__(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            _core.RegionBase.__exit__(self, *exc)
+        finally:
+            stack = self._seqs.stack
+            if stack:
+                stack.pop()
+
+    def backward_from(self, *outputs: torch.Tensor) -> None:
+        """Inside ``with region:``: time the backward of ``outputs`` (tensors computed in the
+        block) as the row ``<name>.backward``: from the moment autograd runs the node that
+        made the newest of them until it runs a node made before the block began, or the
+        backward pass ends. Does nothing outside grad mode or with the Timer off."""
+        if not outputs:
+            raise TypeError("backward_from() needs at least one tensor (outputs), got none")
+        for i, out in enumerate(outputs):
+            if not isinstance(out, torch.Tensor):
+                raise TypeError(
+                    f"backward_from() takes tensors; outputs[{i}] is {type(out).__name__}"
+                )
+        stack = self._seqs.stack
+        if not stack:
+            raise RuntimeError(
+                f"backward_from() of region {self.name!r} was called outside `with` of it on "
+                "this thread: the backward of a block is the autograd nodes made since the "
+                "block began, so call it inside the block"
+            )
+        site = self.backward_site
+        if site is not None and torch.is_grad_enabled() and site.store.enabled:
+            _backward.watch(outputs, stack[-1], site, bounded=True)
+
+
+class _NullBackwardRegion:
+    """What a ``backward=True`` region becomes under ``CUDATIMER_DISABLE``: nothing on enter,
+    exit, call or ``backward_from`` (the C core's NullRegion cannot be subclassed)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _NullBackwardRegion:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __call__(self, fn: F) -> F:
+        return fn
+
+    def backward_from(self, *outputs: torch.Tensor) -> None:
+        return None
+
+
+NULL_BACKWARD: Any = _NullBackwardRegion()
+
+
 #: What regions become when ``CUDATIMER_DISABLE`` is set: nothing on enter, exit or call.
 NULL_REGION: Any = _core.NullRegion()
 
@@ -354,7 +441,11 @@ class Timer:
         for CPU-only code), ``streams`` (CUDA streams the region's work also runs on: an end
         event is recorded on each at exit and the GPU time runs to the latest; no stream is
         made to wait), ``every`` (time one call in ``every``, count them all: for hot code;
-        ``calls`` counts every call, the times cover the timed ones).
+        ``calls`` counts every call, the times cover the timed ones), ``backward`` (True: also
+        time the backward of what the region computes, as the top-level row
+        ``<name>.backward``: a decorated function's or module's tensor outputs, or in a
+        ``with`` block the tensors handed to ``region.backward_from(...)``; see
+        docs/instrument.md).
 
         >>> import cudatimer
         >>> t = cudatimer.Timer(name="sampled")
@@ -404,6 +495,7 @@ class Timer:
         clock: Clock | None = None,
         streams: Iterable[Any] | None = None,
         every: int | None = None,
+        backward: bool | None = None,
     ) -> Region:
         """``region`` past its cache: checks the options and makes the region (cached by name
         when ``plain``: no options, or all None)."""
@@ -427,9 +519,12 @@ class Timer:
             self.clock if clock is None else clock,
             streams,
             every,
+            backward,
         )
         # With CUDATIMER_DISABLE the options are still checked, and the region does nothing.
-        return NULL_REGION if DISABLED_AT_IMPORT else made  # type: ignore[no-any-return]
+        if DISABLED_AT_IMPORT:
+            return NULL_BACKWARD if backward else NULL_REGION  # type: ignore[no-any-return]
+        return made
 
     def _sampler(self, name: str, every: int) -> itertools.count[int]:
         counter = self._samplers.get((name, every))
@@ -447,8 +542,13 @@ class Timer:
         clock: object,
         streams: object = None,
         every: object = None,
+        backward: object = None,
     ) -> Region:
         name = _check_name(name)
+        if backward is not None and not isinstance(backward, bool):
+            raise TypeError(
+                f"backward must be a bool or None, got {type(backward).__name__} ({backward!r})"
+            )
         keys = _check_streams(streams)
         if every is None:
             every = 1
@@ -491,6 +591,13 @@ class Timer:
                 raise ValueError(f"payload must be a finite number when a float, got {payload}")
             payload = float(payload)
         rgb = resolve_color(name, color)
+        if backward:
+            if every != 1:
+                raise ValueError(
+                    f"backward=True cannot be combined with every={every}: a backward row is "
+                    "opened by autograd, not by a call that could be sampled"
+                )
+            return _BackwardRegion(self, name, mode, rgb, category, payload, clock, keys)  # type: ignore[arg-type]
         if every != 1 and mode != "nvtx":
             made: Mode = mode  # type: ignore[assignment]
             on: Clock = clock  # type: ignore[assignment]

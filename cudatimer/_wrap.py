@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
-from . import _compile
+from . import _backward, _compile
 from ._config import DISABLED_AT_IMPORT
 
 # Folded to True by Dynamo while it traces (a decorated function inlined into compiled code);
@@ -77,8 +77,11 @@ def wrap(fn: Any, region: Region, entry: bool = True) -> Any:
     (about 0.3 us per call in a launch-bound decode: two fewer argument packings)."""
     if isinstance(fn, (classmethod, staticmethod)):
         return type(fn)(wrap(fn.__func__, region))
+    site = getattr(region, "backward_site", None)  # backward=True (decided here, once)
+    if site is not None:
+        fn = _timing_backward(fn, site)
     if _is_module(fn):
-        bind_forward(fn, region)
+        bind_forward(fn, region)  # its forward is wrapped below, backward_site and all
         return fn
     if isinstance(fn, type):
         return _wrap_class(fn, region)
@@ -191,6 +194,36 @@ def wrap(fn: Any, region: Region, entry: bool = True) -> Any:
         "cuda_timed(torch.jit.script(fn)), or leave it unscripted.",
     )
     return timed_function
+
+
+def _timing_backward(fn: Any, site: Any) -> Any:
+    """``fn`` (a function or method) that also times the backward of its tensor outputs; a
+    module or an nn.Module subclass as it is (its forward is wrapped); anything else a
+    TypeError, as its calls have no tensor result to follow."""
+    if _is_module(fn):
+        return fn
+    import torch.nn
+
+    if isinstance(fn, type) and issubclass(fn, torch.nn.Module):
+        return fn
+    kind = None
+    if isinstance(fn, type):
+        kind = "a class that is not an nn.Module"
+    elif inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        kind = "an async function"
+    elif inspect.isgeneratorfunction(fn):
+        kind = "a generator function"
+    elif getattr(fn, "__code__", None) is _CONTEXTMANAGER_CODE:
+        kind = "a @contextmanager function"
+    elif not callable(fn):
+        return fn  # wrap() names it
+    if kind is not None:
+        raise TypeError(
+            f"backward=True times the backward of the tensors a function or module returns; "
+            f"{getattr(fn, '__qualname__', fn)!r} is {kind}. Use `with region:` and "
+            "region.backward_from(tensors) inside it instead"
+        )
+    return functools.wraps(fn)(_backward.hooking(fn, site, bounded=True))
 
 
 def _compiled_entry(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -393,6 +393,19 @@ def test_disabled_cost_measures_both_switches() -> None:
     ]
 
 
+def test_backward_cost_reports_host_cost_per_module() -> None:
+    """backward_cost.py times the plain, forward-only and backward=True steps per module."""
+    script = ROOT / "benchmarks" / "backward_cost.py"
+    env = {**os.environ, "CUDATIMER_BENCH_N": "2"}
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    rows = [line.split()[0] for line in out.stdout.splitlines()[1:]]
+    assert rows == ["plain", "forward", "backward"]
+    assert "us per module per step" in out.stdout
+
+
 def test_compile_targets_runs_on_the_cpu(tmp_path: Path) -> None:
     """compile_targets.py --smoke compiles a tiny GPT-2 twice and times every module."""
     script = ROOT / "benchmarks" / "compile_targets.py"
