@@ -302,3 +302,21 @@ def test_scripted_submodules_are_left_alone() -> None:
     with cudatimer.instrument(net) as handle:
         net(X)
     assert set(handle.regions) == {"", "0"}
+
+
+def test_env_disable_leaves_instrumented_modules_as_they_are() -> None:
+    """Under CUDATIMER_DISABLE=1, instrument() (backward too) wraps nothing and records nothing."""
+    from tests.subproc import run_python
+
+    code = (
+        "import torch, cudatimer\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())\n"
+        "with cudatimer.instrument(m, backward=True):\n"
+        "    assert 'forward' not in vars(m) and 'forward' not in vars(m[0])\n"
+        "    m(torch.ones(1, 2, requires_grad=True)).sum().backward()\n"
+        "assert cudatimer.summary().regions == ()\n"
+        "print('ok')\n"
+    )
+    out = run_python(code, {"CUDATIMER_DISABLE": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
