@@ -109,12 +109,17 @@ class Recorder:
         try:
             return tree.child(top.slot if top is not None else stack.base, name)
         except KeyError:
-            parent = stack.base if tree.knows(stack.base) else -1
-            for f in stack.frames():
-                if not tree.knows(f.slot):
-                    f.slot = tree.child(parent, f.region.name)
-                parent = f.slot
-            return tree.child(parent, name)
+            pass
+        while True:  # a reset() between two of these calls forgets a slot just made: again
+            try:
+                parent = stack.base if tree.knows(stack.base) else -1
+                for f in stack.frames():
+                    if not tree.knows(f.slot):
+                        f.slot = tree.child(parent, f.region.name)
+                    parent = f.slot
+                return tree.child(parent, name)
+            except KeyError:
+                continue
 
     # -- the general hooks (RegionBase calls them for everything but the common case) --------
     def enter(self, r: Region) -> None:
