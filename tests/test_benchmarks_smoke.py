@@ -377,14 +377,20 @@ def test_hotpath_runs_on_the_cpu() -> None:
     assert {"cudatimer", "cudatimer-py", "cudatimer-held", "nvtx-only", "disabled"} <= rows
 
 
+def _script(name: str, bench_n: int) -> subprocess.CompletedProcess[str]:
+    """``benchmarks/<name>`` run with CUDATIMER_BENCH_N (its loop count) set; it must succeed."""
+    env = {**os.environ, "CUDATIMER_BENCH_N": str(bench_n)}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / name)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out
+
+
 def test_disabled_cost_measures_both_switches() -> None:
     """disabled_cost.py measures CUDATIMER_DISABLE, the enabled case and disable() at run time."""
-    script = ROOT / "benchmarks" / "disabled_cost.py"
-    env = {**os.environ, "CUDATIMER_BENCH_N": "2000"}
-    out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env
-    )
-    assert out.returncode == 0, out.stderr
+    out = _script("disabled_cost.py", 2000)
     labels = [line.split("  ")[0] for line in out.stdout.splitlines()]
     assert labels == [
         "CUDATIMER_DISABLE=1",
@@ -395,12 +401,7 @@ def test_disabled_cost_measures_both_switches() -> None:
 
 def test_backward_cost_reports_host_cost_per_module() -> None:
     """backward_cost.py times the plain, forward-only and backward=True steps per module."""
-    script = ROOT / "benchmarks" / "backward_cost.py"
-    env = {**os.environ, "CUDATIMER_BENCH_N": "2"}
-    out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env
-    )
-    assert out.returncode == 0, out.stderr
+    out = _script("backward_cost.py", 2)
     rows = [line.split()[0] for line in out.stdout.splitlines()[1:]]
     assert rows == ["plain", "forward", "backward"]
     assert "us per module per step" in out.stdout
