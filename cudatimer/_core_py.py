@@ -1136,3 +1136,7 @@ class NullRegion:
 
     def __call__(self, fn: Any) -> Any:
         return fn
+
+    def backward_from(self, *outputs: object) -> None:
+        """A ``backward=True`` region's: nothing either."""
+        return None

@@ -3375,6 +3375,8 @@ static PyGetSetDef null_getset[] = {
 static PyMethodDef null_methods[] = {
     {"__enter__", (PyCFunction)null_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)(void (*)(void))null_exit, METH_FASTCALL, NULL},
+    /* a backward=True region's backward_from(*tensors): nothing either */
+    {"backward_from", (PyCFunction)(void (*)(void))null_exit, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -254,7 +254,7 @@ class _BackwardRegion(Region):
         super().__init__(*args)
         timer: Timer = args[0]
         name: str = args[1]
-        # Under CUDATIMER_DISABLE this region only checks its options (NULL_BACKWARD runs).
+        # Under CUDATIMER_DISABLE this region only checks its options (NULL_REGION runs).
         row = None if DISABLED_AT_IMPORT else timer.region(f"{name}.backward")
         self.backward_site = None if row is None else _backward.Site(row, (f"{name}.backward",))
         self._seqs = _Seqs()
@@ -294,28 +294,6 @@ class _BackwardRegion(Region):
         site = self.backward_site
         if site is not None and torch.is_grad_enabled() and site.store.enabled:
             _backward.watch(outputs, stack[-1], site, bounded=True)
-
-
-class _NullBackwardRegion:
-    """What a ``backward=True`` region becomes under ``CUDATIMER_DISABLE``: nothing on enter,
-    exit, call or ``backward_from`` (the C core's NullRegion cannot be subclassed)."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> _NullBackwardRegion:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def __call__(self, fn: F) -> F:
-        return fn
-
-    def backward_from(self, *outputs: torch.Tensor) -> None:
-        return None
-
-
-NULL_BACKWARD: Any = _NullBackwardRegion()
 
 
 #: What regions become when ``CUDATIMER_DISABLE`` is set: nothing on enter, exit or call.
@@ -522,9 +500,7 @@ class Timer:
             backward,
         )
         # With CUDATIMER_DISABLE the options are still checked, and the region does nothing.
-        if DISABLED_AT_IMPORT:
-            return NULL_BACKWARD if backward else NULL_REGION  # type: ignore[no-any-return]
-        return made
+        return NULL_REGION if DISABLED_AT_IMPORT else made  # type: ignore[no-any-return]
 
     def _sampler(self, name: str, every: int) -> itertools.count[int]:
         counter = self._samplers.get((name, every))
