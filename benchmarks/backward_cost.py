@@ -1,26 +1,37 @@
 """What ``instrument(model, backward=True)`` costs: host time per module per training step
-(CPU), and on a GPU the step-time ratio against the uninstrumented step.
+(CPU), and on a GPU the step-time ratios and the backward coverage of issue #21.
 
-A GPT-2-style model (``_workloads.GPT``) trains with forward, cross-entropy and backward
-(no optimizer: it touches no module). On the CPU the model is tiny (width 16, 8 tokens), so
-the step is almost all host work and the difference between the variants is the
-instrumentation's host cost; it is divided by the number of instrumented modules. On a GPU
-(``--device cuda``) the model is the 6-layer GPT-2 of issue #21 (batch 8 x 1024 tokens) and
-the figure that matters is the step ratio (target <= 1.05x).
+On the CPU a GPT-2-style model (``_workloads.GPT``) trains with forward, cross-entropy and
+backward (no optimizer: it touches no module). The model is tiny (width 16, 8 tokens), so the
+step is almost all host work and the difference between the variants is the instrumentation's
+host cost; it is divided by the number of instrumented modules.
 
-    python benchmarks/backward_cost.py               # CPU: us per module per step
-    python benchmarks/backward_cost.py --device cuda # GPU: step ratios
+On a GPU (``--device cuda``) two training steps of the issue are timed: a 6-layer HF GPT-2
+(batch 8 x 512, bf16 autocast, fused AdamW; ``_workloads.GPT`` with the same sizes where
+transformers is missing) and torchvision's ResNet-50 (batch 256, channels_last, bf16, SGD).
+Each step runs plain, with every module's forward instrumented, and with ``backward=True``;
+the targets are <= 1.05x (GPT-2) and <= 1.03x (ResNet-50) for ``backward``. One more
+instrumented step per round, with a region around ``loss.backward()``, gives the coverage:
+the share of the ``<Model>.backward`` root that its child rows cover (target >= 95%), and the
+share of the whole ``loss.backward()`` that the root covers.
+
+    python benchmarks/backward_cost.py                          # CPU: us per module per step
+    python benchmarks/backward_cost.py --device cuda --out b.json  # GPU: ratios, coverage
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import json
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -28,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 import torch.nn.functional as F
 from _workloads import GPT, GPTConfig
+from torch import nn
 
 import cudatimer
 
@@ -35,80 +47,202 @@ import cudatimer
 STEPS = int(os.environ.get("CUDATIMER_BENCH_N", "100"))
 ROUNDS = 9
 VARIANTS = ("plain", "forward", "backward")
+# A step with a context manager around its backward call (a region, or nothing).
+Step = Callable[[Callable[[], contextlib.AbstractContextManager[Any]]], None]
 
 
-def _model(device: str) -> tuple[GPT, Callable[[], None]]:
-    if device == "cpu":
-        # One intra-op thread: with two on a loaded 2-core machine a 16-wide linear took 2 ms
-        # (threads waiting on each other) instead of 10 us, and the host cost drowned in it.
-        torch.set_num_threads(1)
-        cfg, batch = GPTConfig(vocab=64, seq=8, layers=6, width=16, heads=2), 1
-    else:
-        cfg, batch = GPTConfig(layers=6), 8
+def _cpu_model() -> tuple[nn.Module, Step]:
+    # One intra-op thread: with two on a loaded 2-core machine a 16-wide linear took 2 ms
+    # (threads waiting on each other) instead of 10 us, and the host cost drowned in it.
+    torch.set_num_threads(1)
+    cfg = GPTConfig(vocab=64, seq=8, layers=6, width=16, heads=2)
     torch.manual_seed(0)
-    model = GPT(cfg).to(device)
-    idx = torch.randint(0, cfg.vocab, (batch, cfg.seq), device=device)
-    tgt = torch.randint(0, cfg.vocab, (batch, cfg.seq), device=device)
+    model = GPT(cfg)
+    idx = torch.randint(0, cfg.vocab, (1, cfg.seq))
+    tgt = torch.randint(0, cfg.vocab, (1, cfg.seq))
 
-    def step() -> None:
+    def step(around: Callable[[], contextlib.AbstractContextManager[Any]]) -> None:
         logits = model(idx)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
-        loss.backward()  # type: ignore[no-untyped-call]
+        with around():
+            loss.backward()  # type: ignore[no-untyped-call]
         for p in model.parameters():
             p.grad = None
 
     return model, step
 
 
-def _time(step: Callable[[], None], device: str) -> float:
-    """Seconds per step over STEPS steps: on the CPU this process's CPU time (other jobs on a
-    shared machine moved wall time by 2x between runs, CPU time by a few %), on a GPU wall
+def _gpt2_cuda() -> tuple[nn.Module, Step, str]:
+    """The issue's step: 6-layer GPT-2 (768 wide, 12 heads), batch 8 x 512, bf16, AdamW."""
+    torch.manual_seed(0)
+    batch, seq, vocab = 8, 512, 50257
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        model: nn.Module = GPT2LMHeadModel(GPT2Config(n_layer=6, n_positions=seq)).cuda()
+        what = "HF GPT2LMHeadModel, 6 x 768, 12 heads, batch 8 x 512, bf16 autocast, fused AdamW"
+        hf = True
+    except ImportError:
+        model = GPT(GPTConfig(seq=seq, layers=6)).cuda()
+        what = "_workloads.GPT, 6 x 768, 12 heads, batch 8 x 512, bf16 autocast, fused AdamW"
+        hf, vocab = False, GPTConfig.vocab
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    idx = torch.randint(0, vocab, (batch, seq), device="cuda")
+
+    def step(around: Callable[[], contextlib.AbstractContextManager[Any]]) -> None:
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            if hf:
+                loss = model(input_ids=idx, labels=idx).loss
+            else:
+                logits = model(idx)
+                loss = F.cross_entropy(logits.view(-1, logits.size(-1)), idx.view(-1))
+        with around():
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return model, step, what
+
+
+def _resnet50_cuda() -> tuple[nn.Module, Step, str]:
+    """torchvision's ResNet-50, batch 256 x 224^2, channels_last, bf16 autocast, SGD."""
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None)
+    model = model.to(device="cuda", memory_format=torch.channels_last)  # type: ignore[call-overload]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(256, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (256,), device="cuda")
+
+    def step(around: Callable[[], contextlib.AbstractContextManager[Any]]) -> None:
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        with around():
+            loss.backward()  # type: ignore[no-untyped-call]
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return model, step, "torchvision ResNet-50, batch 256 x 224^2, channels_last, bf16, SGD"
+
+
+def _time(step: Step, device: str, steps: int) -> float:
+    """Seconds per step over ``steps`` steps: on the CPU this process's CPU time (other jobs on
+    a shared machine moved wall time by 2x between runs, CPU time by a few %), on a GPU wall
     time between two synchronisations."""
     clock = time.process_time if device == "cpu" else time.perf_counter
     if device != "cpu":
         torch.cuda.synchronize()
     gc.collect()
     t0 = clock()
-    for _ in range(STEPS):
-        step()
+    for _ in range(steps):
+        step(contextlib.nullcontext)
     if device != "cpu":
         torch.cuda.synchronize()
-    return (clock() - t0) / STEPS
+    return (clock() - t0) / steps
+
+
+def _measure(model: nn.Module, step: Step, device: str, steps: int, rounds: int) -> dict[str, Any]:
+    """Interleaved rounds of the three variants, then one coverage step per round."""
+    timer = cudatimer.Timer(name="backward-cost")
+    for _ in range(3):
+        step(contextlib.nullcontext)  # warm up: allocator, kernels, autotuning
+    # Rounds interleave the variants (a block of rounds per variant drifted by 30% between
+    # runs on the shared CPU machine); the figures are each variant's median and best round.
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    modules = 0
+    for _ in range(rounds):
+        for variant in VARIANTS:
+            if variant == "plain":
+                times[variant].append(_time(step, device, steps))
+                continue
+            with cudatimer.instrument(model, backward=variant == "backward", timer=timer) as handle:
+                modules = len(handle)
+                step(contextlib.nullcontext)
+                times[variant].append(_time(step, device, steps))
+            timer.summary()  # resolves every sample: nothing left pending
+            timer.reset()
+    # Coverage, apart from the timings: the same step with a region around loss.backward().
+    cov_timer = cudatimer.Timer(name="backward-coverage")
+    with cudatimer.instrument(model, backward=True, timer=cov_timer) as handle:
+        for _ in range(steps):
+            step(lambda: cov_timer.region("loss.backward"))
+    s = cov_timer.summary()
+    root_name = handle.backward_regions[""]
+    clock = "host" if device == "cpu" else "cuda:0"
+    root = s.get(root_name, clock=clock)
+    whole = s.get("loss.backward", clock=clock)
+    covs = [c for c in s.backward_coverage if c.clock == clock and c.region == root_name]
+    out: dict[str, Any] = {"modules": modules, "steps": steps, "rounds": rounds}
+    for v in VARIANTS:
+        out[f"{v}_ms_median"] = statistics.median(times[v]) * 1e3
+        out[f"{v}_ms_best"] = min(times[v]) * 1e3
+    for v in VARIANTS[1:]:
+        out[f"{v}_ratio_median"] = out[f"{v}_ms_median"] / out["plain_ms_median"]
+        out[f"{v}_ratio_best"] = out[f"{v}_ms_best"] / out["plain_ms_best"]
+    if covs and root is not None and whole is not None:
+        out["coverage"] = covs[0].fraction
+        out["uncovered_ms_per_step"] = covs[0].uncovered_ms / steps
+        out["root_ms_per_step"] = root.total_ms / steps
+        out["loss_backward_ms_per_step"] = whole.total_ms / steps
+        out["root_of_whole_backward"] = root.total_ms / whole.total_ms
+    return out
+
+
+def _print(name: str, what: str, r: dict[str, Any]) -> None:
+    print(f"{name}: {what}; {r['modules']} modules, {r['steps']} steps x {r['rounds']} rounds")
+    for v in VARIANTS:
+        med, best = r[f"{v}_ms_median"], r[f"{v}_ms_best"]
+        ratio = "" if v == "plain" else f"  {r[f'{v}_ratio_median']:.3f}x median"
+        ratio += "" if v == "plain" else f"  {r[f'{v}_ratio_best']:.3f}x best"
+        print(f"  {v:9s} {med:8.3f} ms/step median  {best:8.3f} best{ratio}")
+    if "coverage" in r:
+        print(
+            f"  coverage {r['coverage']:.1%} of the root ({r['root_ms_per_step']:.3f} ms/step, "
+            f"{r['uncovered_ms_per_step']:.3f} uncovered); the root is "
+            f"{r['root_of_whole_backward']:.1%} of loss.backward() "
+            f"({r['loss_backward_ms_per_step']:.3f} ms/step)"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    device = parser.parse_args().device
-    model, step = _model(device)
-    timer = cudatimer.Timer(name="backward-cost")
-    for _ in range(3):
-        step()  # warm up: allocator, kernels
-    # Rounds interleave the variants, and each keeps its best round (the least disturbed):
-    # on a shared 2-core machine a block of rounds per variant drifted by 30% between runs.
-    times = dict.fromkeys(VARIANTS, float("inf"))
-    modules = 0
-    for _ in range(ROUNDS):
-        for variant in VARIANTS:
-            if variant == "plain":
-                times[variant] = min(times[variant], _time(step, device))
-                continue
-            backward = variant == "backward"
-            with cudatimer.instrument(model, backward=backward, timer=timer) as handle:
-                modules = len(handle)
-                step()
-                times[variant] = min(times[variant], _time(step, device))
-            timer.summary()  # resolves every sample: nothing left pending
-            timer.reset()
-    plain = times["plain"]
-    print(f"{device}: {modules} modules, {STEPS} steps x {ROUNDS} rounds (best round)")
-    for variant in VARIANTS:
-        t = times[variant]
-        extra_us = (t - plain) * 1e6 / modules
-        print(
-            f"{variant:9s} {t * 1e3:8.3f} ms/step  {t / plain:5.2f}x  "
-            f"{extra_us:+7.2f} us per module per step"
-        )
+    parser.add_argument("--workloads", default="gpt2,resnet50", help="GPU: gpt2, resnet50")
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
+    args = parser.parse_args()
+    results: dict[str, Any] = {"torch": torch.__version__, "device": args.device}
+    if args.device == "cpu":
+        model, step = _cpu_model()
+        r = _measure(model, step, "cpu", STEPS, args.rounds)
+        plain = r["plain_ms_best"]
+        print(f"cpu: {r['modules']} modules, {STEPS} steps x {args.rounds} rounds (best round)")
+        for v in VARIANTS:
+            t = r[f"{v}_ms_best"]
+            extra_us = (t - plain) * 1e3 / r["modules"]
+            print(
+                f"{v:9s} {t:8.3f} ms/step  {t / plain:5.2f}x  "
+                f"{extra_us:+7.2f} us per module per step"
+            )
+        results["cpu"] = r
+    else:
+        results["gpu"] = torch.cuda.get_device_name()
+        builders = {"gpt2": (_gpt2_cuda, 20), "resnet50": (_resnet50_cuda, 6)}
+        for name in args.workloads.split(","):
+            builder, steps = builders[name]
+            model, step, what = builder()
+            r = _measure(
+                model, step, "cuda", int(os.environ.get("CUDATIMER_BENCH_N", steps)), args.rounds
+            )
+            r["what"] = what
+            _print(name, what, r)
+            results[name] = r
+            del model, step
+            gc.collect()
+            torch.cuda.empty_cache()
+    if args.out is not None:
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -64,3 +64,75 @@ def test_training_step_with_backward_rows_never_synchronizes() -> None:
     (cov,) = s.backward_coverage
     assert cov.region == "Sequential.backward" and cov.clock == "cuda:0"
     assert 0.5 < cov.fraction <= 1.0 + 1e-6, cov
+
+
+def test_compute_bound_backward_rows_match_cupti_kernel_spans() -> None:
+    """Two modules of 8 bf16 4096^2 matmuls each: each backward row's GPU time is within 2%
+    of the CUPTI span of the kernels its backward launched, and the two rows lie inside the
+    root."""
+    import os
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from tests.gpu.test_gpu_core import kernel_spans, sleep_ms
+
+    torch.manual_seed(0)
+    n, width = 8, 4096
+
+    def stack() -> nn.Module:
+        return nn.Sequential(*(nn.Linear(width, width, bias=False) for _ in range(n)))
+
+    model = nn.Sequential(stack(), stack()).to(device="cuda", dtype=torch.bfloat16)
+    for p in model.parameters():
+        nn.init.eye_(p)  # identity layers: values stay bounded through 16 matmuls
+    x = torch.randn(width, width, device="cuda", dtype=torch.bfloat16)
+    grad = torch.randn(width, width, device="cuda", dtype=torch.bfloat16)
+    t = Timer(name="gpu-backward-accuracy")
+
+    def run() -> None:
+        model(x).backward(grad)  # a given gradient: no reduction kernel before the rows
+        for p in model.parameters():
+            p.grad = None  # the next backward steals its gradient: no accumulation kernel
+
+    with cudatimer.instrument(model, backward=True, depth=1, timer=t):
+        for _ in range(3):
+            run()  # cuBLAS handles and heuristics, the event pool
+        sleep_ms(1)  # calibrates the sleep kernel outside the profile
+        torch.cuda.synchronize()
+        t.reset()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            out = model(x)
+            sleep_ms(5)  # a busy GPU when the first row's start event is recorded
+            out.backward(grad)
+            torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        spans = [
+            s
+            for s in kernel_spans(path)
+            if "sleep" not in s[2].lower() and "spin" not in s[2].lower()
+        ]
+    # Forward: n + n matmuls. Backward of module 1: grad input and grad weight per layer (2n);
+    # of module 0: its first layer's input needs no gradient (2n - 1).
+    assert len(spans) == 2 * n + 2 * n + 2 * n - 1, [s[2] for s in spans]
+    backward = spans[2 * n :]
+    s = t.summary()
+    for name, mine in (
+        ("Sequential.backward/1", backward[: 2 * n]),
+        ("Sequential.backward/0", backward[2 * n :]),
+    ):
+        cupti_ms = (mine[-1][1] - mine[0][0]) / 1000.0
+        assert cupti_ms > 1.0, (name, cupti_ms)
+        row = s.get(name, clock="cuda:0")
+        assert row is not None and row.calls == 1, name
+        assert row.gpu_total_ms == pytest.approx(cupti_ms, rel=0.02), (name, row, cupti_ms)
+    root = s.get("Sequential.backward", clock="cuda:0")
+    assert root is not None and root.gpu_total_ms is not None
+    rows = 0.0
+    for i in (0, 1):
+        row = s.get(f"Sequential.backward/{i}", clock="cuda:0")
+        assert row is not None and row.gpu_total_ms is not None
+        rows += row.gpu_total_ms
+    assert rows <= root.gpu_total_ms + 0.001, (rows, root)
