@@ -19,7 +19,8 @@ hook. No per-call closure: a hook is a small object with the calls it opens.
 
 from __future__ import annotations
 
-import functools
+import bisect
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -59,13 +60,14 @@ class Site:
 
 class _Hook:
     """The pre-hook on one autograd node: the calls whose output the node made, each as
-    (first node number of the call, site), innermost call first."""
+    (first node number of the call, site), innermost call first. ``thread``: the forward
+    thread that made the node (node numbers count per thread)."""
 
-    __slots__ = ("calls", "key", "seq")
+    __slots__ = ("calls", "seq", "thread")
 
-    def __init__(self, seq: int, key: int, calls: list[tuple[int, Site]]) -> None:
+    def __init__(self, seq: int, thread: int, calls: list[tuple[int, Site]]) -> None:
         self.seq = seq
-        self.key = key
+        self.thread = thread
         self.calls = calls
 
     def __call__(self, grad_outputs: Any) -> None:
@@ -78,8 +80,14 @@ class _Hook:
 # task of its own, so its rows never close the outer pass's.
 _OPEN: dict[int, list[tuple[int, Site, Any]]] = {}
 # The hook set last: nested modules return the same tensor, so their calls share its node.
-# Matched on (id, node number), without keeping the node (and its graph) alive.
+# Matched on (node number, thread), without keeping the node (and its graph) alive: not on
+# id(node), as torch 2.11 makes a new Python object for each ``grad_fn`` read of a C++ node.
 _last: _Hook | None = None
+_thread_id = threading.get_ident
+
+
+def _first(row: tuple[int, Site, Any]) -> int:
+    return row[0]
 
 
 def _fire(seq: int, calls: list[tuple[int, Site]]) -> None:
@@ -87,14 +95,43 @@ def _fire(seq: int, calls: list[tuple[int, Site]]) -> None:
     rows = _OPEN.get(task)
     if rows is None:
         rows = _OPEN[task] = []
-        _queue_callback(functools.partial(_flush, task))  # once per backward pass
+        _queue_callback(_PassEnd(task))  # once per backward pass
     # Rows whose calls began after this node was made are over.
     while rows and rows[-1][0] > seq:
         _, site, token = rows.pop()
         site.rec.end(site.region, token)
     for i in range(len(calls) - 1, -1, -1):  # outermost call first
         first, site = calls[i]
-        rows.append((first, site, site.rec.begin_at(site.region, site.path)))
+        row = (first, site, site.rec.begin_at(site.region, site.path))
+        if rows and rows[-1][0] > first:
+            # An outer call's row opening after an inner one's: their calls returned the
+            # same node through two hooks (another call's hook was set between them). The
+            # open rows stay ordered by first node, outermost first, so the next node closes
+            # exactly the rows of calls that began after it was made.
+            bisect.insort_left(rows, row, key=_first)
+        else:
+            rows.append(row)
+
+
+class _PassEnd:
+    """The end of one backward pass: called by autograd once the pass is done, or, when a
+    node raised and the pass was dropped without its final callbacks, when autograd lets go
+    of it. Either way the pass's open rows end (a failed pass's rows time what ran until
+    the error) instead of staying open forever."""
+
+    __slots__ = ("done", "task")
+
+    def __init__(self, task: int) -> None:
+        self.task = task
+        self.done = False
+
+    def __call__(self) -> None:
+        self.done = True
+        _flush(self.task)
+
+    def __del__(self) -> None:
+        if not self.done:
+            _flush(self.task)
 
 
 def _flush(task: int) -> None:
@@ -138,16 +175,17 @@ def watch(out: Any, first: int, site: Site, bounded: bool = False) -> None:
     if seq < first:  # the call made no node (identity, or an output made before it)
         return
     last = _last
-    if last is not None and last.seq == seq and last.key == id(node):
+    thread = _thread_id()
+    if last is not None and last.seq == seq and last.thread == thread:
         last.calls.append((first, site))
         return
-    hook = _Hook(seq, id(node), [(first, site)])
+    hook = _Hook(seq, thread, [(first, site)])
     node.register_prehook(hook)  # type: ignore[union-attr]
     _last = hook
     if bounded:
         # Closing rows that began after first - 1: this call's and any opened inside it.
         for edge in _edges(node, first):
-            edge.register_prehook(_Hook(first - 1, id(edge), []))
+            edge.register_prehook(_Hook(first - 1, thread, []))
 
 
 def _edges(node: Any, first: int) -> list[Any]:

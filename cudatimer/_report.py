@@ -17,7 +17,7 @@ from fnmatch import fnmatchcase
 from tabulate import tabulate, tabulate_formats
 
 from ._hist import Histogram
-from ._records import RegionStats, Summary
+from ._records import BACKWARD_SUFFIX, RegionStats, Summary
 
 __all__ = [
     "COLUMNS",
@@ -442,10 +442,12 @@ def _notes(
             "calls only (estimate a total as mean x calls)"
         )
     for c in summary.backward_coverage:
+        model = elide(c.region.removesuffix(BACKWARD_SUFFIX))
         notes.append(
             f"backward coverage: {elide(c.region)} ({c.clock}): its {c.children} child row(s) "
             f"cover {_pct(c.fraction)} of its {_ms(c.total_ms)} ms ({_ms(c.uncovered_ms)} ms "
-            "ran in no child row)"
+            f"ran in no child row: the backward of {model}'s own forward code "
+            "after its last submodule call, such as a loss computed in forward)"
         )
     if summary.pending:
         notes.append(

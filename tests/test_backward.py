@@ -135,7 +135,8 @@ def test_rows_time_their_module_and_coverage_shows_the_rest(gpu: FakeGPU, tmp_pa
     text = cudatimer.report(summary=s)
     assert (
         "backward coverage: Model.backward (cuda:0): its 2 child row(s) cover 83.3% of its "
-        "6.000 ms (1.000 ms ran in no child row)"
+        "6.000 ms (1.000 ms ran in no child row: the backward of Model's own forward code "
+        "after its last submodule call, such as a loss computed in forward)"
     ) in text
     path = tmp_path / "run.json"
     t.save(path)
@@ -144,6 +145,41 @@ def test_rows_time_their_module_and_coverage_shows_the_rest(gpu: FakeGPU, tmp_pa
     (saved,) = data["backward_coverage"]
     assert saved["region"] == "Model.backward" and saved["fraction"] == pytest.approx(5 / 6)
     assert cudatimer.load(path).backward_coverage == s.backward_coverage
+
+
+class Fork(nn.Module):
+    """Returns ``a``'s output after calling ``b`` on the side: the hooks of ``a`` and of
+    this module land on one node as two hooks (b's hook was set between them)."""
+
+    def __init__(self, gpu: FakeGPU) -> None:
+        super().__init__()
+        self.pre = Work(gpu, 3.0)
+        self.a = Work(gpu, 2.0)
+        self.b = Work(gpu, 5.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(self.pre(x))
+        self.b(x)  # its node never runs: no path from the loss
+        return y
+
+
+def test_an_outer_row_opened_after_an_inner_one_still_nests(gpu: FakeGPU) -> None:
+    """Two hooks on one node open the inner call's row first: the outer row still takes
+    its place below it, so the node of ``pre`` closes ``a``'s row (2 ms, not 5)."""
+    t = Timer(name="fork")
+    model = Fork(gpu)
+    with cudatimer.instrument(model, backward=True, timer=t):
+        model(X).sum().backward()
+    gpu_ms = {r.name: r.gpu_total_ms for r in t.summary().regions if ".backward" in r.name}
+    assert gpu_ms == pytest.approx(
+        {
+            "Fork.backward": 5.0,
+            "Fork.backward/a": 2.0,
+            "Fork.backward/a/lin": 0.0,
+            "Fork.backward/pre": 3.0,
+            "Fork.backward/pre/lin": 0.0,
+        }
+    )
 
 
 def test_nested_modules_returning_one_tensor_share_one_hook(
@@ -382,3 +418,45 @@ def test_backward_regions_do_nothing_under_cudatimer_disable() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "() [2.0, 2.0]"
+
+
+class _Raise(torch.autograd.Function):
+    """Identity whose backward raises."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("backward failed on purpose")
+
+
+class Failing(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = _Raise.apply(x)
+        return out
+
+
+def test_a_backward_that_raises_ends_its_rows() -> None:
+    """A node raising in backward: the rows it opened end (one call each, nothing left
+    open), and the next backward pass gets its rows as usual."""
+    t = Timer(name="raises")
+    model = nn.Sequential(nn.Linear(4, 4), Failing(), nn.Linear(4, 4))
+    with cudatimer.instrument(model, backward=True, timer=t):
+        with pytest.raises(RuntimeError, match="on purpose"):
+            model(X).sum().backward()
+        assert backward_rows(t) == {
+            "Sequential.backward": 1,
+            "Sequential.backward/1": 1,
+            "Sequential.backward/2": 1,
+        }
+        assert t.summary().open == 0
+        model[1] = nn.Identity()
+        model(X).sum().backward()
+    assert backward_rows(t) == {
+        "Sequential.backward": 2,
+        "Sequential.backward/0": 1,
+        "Sequential.backward/1": 1,
+        "Sequential.backward/2": 2,
+    }
