@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from . import _core
 from ._compile import tensors_in
 
 __all__ = ["Site", "hooking", "seq_now", "watch"]
@@ -49,13 +50,23 @@ class Site:
     """One backward row: the region that records it and its fixed path from the tree's root
     (``("Net.backward", "layers.0", "attn")``)."""
 
-    __slots__ = ("path", "rec", "region", "store")
+    __slots__ = ("fast", "path", "rec", "region", "store")
 
     def __init__(self, region: Any, path: tuple[str, ...]) -> None:
         self.region = region
         self.path = path
         self.rec = region.timer.recorder
         self.store = self.rec.store
+        # Stamped (an event now, the sample queued at the pass's end) where the row is a plain
+        # event pair: timed on the GPU, no NVTX range to open now (no tool attached), every
+        # call timed, one stream. Otherwise begin_at/end, with everything they handle.
+        self.fast = bool(
+            region.timing
+            and region.events
+            and not region.nvtx
+            and region.counter is None
+            and not region.streams
+        )
 
 
 class _Hook:
@@ -74,35 +85,89 @@ class _Hook:
         _fire(self.seq, self.calls)
 
 
-# Graph task id -> its open rows, oldest first: (first node number, site, token). Per task,
-# not per thread: a pass may run nodes on several threads (CPU and each device) and ends,
-# with its final callbacks, on whichever finishes it; a reentrant pass (checkpointing) is a
-# task of its own, so its rows never close the outer pass's.
-_OPEN: dict[int, list[tuple[int, Site, Any]]] = {}
+class _Pass:
+    """One backward pass's rows: ``rows`` open, oldest first, as (first node number, site,
+    token); ``done`` the stamped rows closed, as (site, gen, rec, start, end, t0_ns, t1_ns,
+    step, tid), queued as samples when the pass ends. A token is what begin_at returned, or
+    a stamp (rec, start event, t0_ns, gen, tid)."""
+
+    __slots__ = ("done", "rows")
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, Site, Any]] = []
+        self.done: list[tuple[Any, ...]] = []
+
+
+# Graph task id -> its pass. Per task, not per thread: a pass may run nodes on several
+# threads (CPU and each device) and ends, with its final callbacks, on whichever finishes it;
+# a reentrant pass (checkpointing) is a task of its own, so its rows never close the outer
+# pass's.
+_OPEN: dict[int, _Pass] = {}
 # The hook set last: nested modules return the same tensor, so their calls share its node.
 # Matched on (node number, thread), without keeping the node (and its graph) alive: not on
 # id(node), as torch 2.11 makes a new Python object for each ``grad_fn`` read of a C++ node.
 _last: _Hook | None = None
 _thread_id = threading.get_ident
+_now = _core.now_ns  # the recorder's host clock
 
 
 def _first(row: tuple[int, Site, Any]) -> int:
     return row[0]
 
 
+class _Here:
+    """What a stamp needs, looked up once per hook call and recorder: the current stream's
+    record (None: begin_at/end) and the thread's stack id."""
+
+    __slots__ = ("rec", "recorder", "tid")
+
+    def __init__(self, recorder: Any) -> None:
+        self.recorder = recorder
+        self.rec = recorder.stamp_rec()
+        self.tid = recorder.store.stack().tid if self.rec is not None else 0
+
+
+def _close(p: _Pass, site: Site, token: Any, here: _Here | None) -> _Here | None:
+    if type(token) is not tuple:
+        site.rec.end(site.region, token)
+        return here
+    if here is None or here.recorder is not site.rec:
+        here = _Here(site.rec)
+    srec, start, t0_ns, gen, tid = token
+    rec = here.rec
+    if rec is None or rec.device != srec.device:
+        # The stream began capturing a graph, or the pass moved the row to another device,
+        # since it opened: no event can end it here; its start goes back to the pool.
+        srec.give(start)
+        return here
+    p.done.append((site, gen, rec, start, rec.take(), t0_ns, _now(), site.store.step, tid))
+    return here
+
+
 def _fire(seq: int, calls: list[tuple[int, Site]]) -> None:
     task = _task_id()
-    rows = _OPEN.get(task)
-    if rows is None:
-        rows = _OPEN[task] = []
+    p = _OPEN.get(task)
+    if p is None:
+        p = _OPEN[task] = _Pass()
         _queue_callback(_PassEnd(task))  # once per backward pass
+    rows = p.rows
+    here: _Here | None = None
     # Rows whose calls began after this node was made are over.
     while rows and rows[-1][0] > seq:
-        _, site, token = rows.pop()
-        site.rec.end(site.region, token)
+        _, site, closing = rows.pop()
+        here = _close(p, site, closing, here)
     for i in range(len(calls) - 1, -1, -1):  # outermost call first
         first, site = calls[i]
-        row = (first, site, site.rec.begin_at(site.region, site.path))
+        token: Any = None
+        if site.fast:
+            if here is None or here.recorder is not site.rec:
+                here = _Here(site.rec)
+            rec = here.rec
+            if rec is not None:
+                token = (rec, rec.take(), _now(), site.store.gen, here.tid)
+        if token is None:
+            token = site.rec.begin_at(site.region, site.path)
+        row = (first, site, token)
         if rows and rows[-1][0] > first:
             # An outer call's row opening after an inner one's: their calls returned the
             # same node through two hooks (another call's hook was set between them). The
@@ -135,11 +200,18 @@ class _PassEnd:
 
 
 def _flush(task: int) -> None:
-    """End of a backward pass: close what it left open, innermost first."""
-    rows = _OPEN.pop(task, None)
+    """End of a backward pass: close what it left open, innermost first, then queue the
+    stamped rows' samples (the host is ahead of the GPU here: the cost is off its path)."""
+    p = _OPEN.pop(task, None)
+    if p is None:
+        return
+    rows = p.rows
+    here: _Here | None = None
     while rows:
         _, site, token = rows.pop()
-        site.rec.end(site.region, token)
+        here = _close(p, site, token, here)
+    for site, gen, rec, start, end, t0_ns, t1_ns, step, tid in p.done:
+        site.rec.push_span(site.path, gen, rec, start, end, t0_ns, t1_ns, step, tid)
 
 
 def _newest(t: torch.Tensor, found: list[torch.Tensor]) -> bool:
