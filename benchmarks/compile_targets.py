@@ -2,9 +2,11 @@
 
 A GPT-2-small training step (batch 8 x 512 tokens, bf16 autocast, inductor default mode),
 compiled twice in one process: plain, and with every module instrumented (each forward's
-regions become cudatimer's enter/exit marks inside the graph). The two compiled steps then
-run in interleaved rounds (plain, timed, plain, timed ...); the figure is the ratio of the
-median step times. Also: each compile's wall time, and that every module has a GPU total.
+regions become cudatimer's enter/exit marks inside the graph), and with every module
+instrumented with ``backward=True`` (also one mark per call in the backward graph). The three
+compiled steps then run in interleaved rounds (plain, timed, backward, then reversed ...); the
+figures are the ratios of the median step times to plain's. Also: each compile's wall time,
+and that every module has a GPU total (and a backward row).
 
     python benchmarks/compile_targets.py --rounds 15 --json results/compile_targets.json
     python benchmarks/compile_targets.py --smoke   # CPU, a tiny model: the script runs
@@ -119,16 +121,20 @@ def main(argv: list[str] | None = None) -> int:
     plain = GPT(cfg).to(device)
     timed = GPT(cfg).to(device)
     timed.load_state_dict(plain.state_dict())
+    both = GPT(cfg).to(device)
+    both.load_state_dict(plain.state_dict())
     idx = torch.randint(0, cfg.vocab, (batch, seq), device=device)
     timer = cudatimer.Timer(name="compiled-gpt2")
     handle = cudatimer.instrument(timed, timer=timer)
     modules = len(handle.regions)
+    both_timer = cudatimer.Timer(name="compiled-gpt2-backward")
+    both_handle = cudatimer.instrument(both, timer=both_timer, backward=True)
 
     out: dict[str, Any] = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
     out["torch"] = torch.__version__
     out["modules"] = modules
     steps: dict[str, Callable[[], None]] = {}
-    for name, model in (("plain", plain), ("timed", timed)):
+    for name, model in (("plain", plain), ("timed", timed), ("backward", both)):
         compiled = torch.compile(model)
         step = _step_fn(model, compiled, idx, device)
         _sync(device)
@@ -140,9 +146,10 @@ def main(argv: list[str] | None = None) -> int:
             step()  # warm: autotuning done, allocator settled
         steps[name] = step
     timer.reset()
+    both_timer.reset()
 
-    per: dict[str, list[float]] = {"plain": [], "timed": []}
-    order = ["plain", "timed"]
+    per: dict[str, list[float]] = {"plain": [], "timed": [], "backward": []}
+    order = ["plain", "timed", "backward"]
     for r in range(args.rounds):
         for name in order if r % 2 == 0 else order[::-1]:
             per[name].append(_timed_steps(steps[name], args.steps, device))
@@ -152,17 +159,26 @@ def main(argv: list[str] | None = None) -> int:
     out["timed_ms"] = timed_ms
     out["ratio"] = timed_ms / plain_ms
     out["ratios_per_round"] = [t / p for p, t in zip(per["plain"], per["timed"], strict=True)]
+    out["backward_ms"] = statistics.median(per["backward"])
+    out["backward_ratio"] = out["backward_ms"] / plain_ms
+    rows = [r for r in both_timer.summary().regions if ".backward" in r.name]
+    out["backward_rows"] = len(rows)
+    out["backward_calls_per_row"] = sorted({r.calls for r in rows})
     s = timer.summary()
     names = {r.name for r in s.regions if r.gpu_total_ms is not None or device == "cpu"}
     out["regions_with_gpu_time"] = len(names)
     out["calls_per_module"] = sorted({r.calls for r in s.regions})
     handle.remove()
+    both_handle.remove()
     out.update(_mark_cost(device))
     print(json.dumps(out, indent=2))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     if out["regions_with_gpu_time"] < modules:
         print(f"only {out['regions_with_gpu_time']} of {modules} modules timed", file=sys.stderr)
+        return 1
+    if out["backward_rows"] < len(set(both_handle.backward_regions.values())):
+        print(f"only {out['backward_rows']} backward rows", file=sys.stderr)
         return 1
     return 0
 

@@ -20,13 +20,14 @@ hook. No per-call closure: a hook is a small object with the calls it opens.
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from . import _core
+from . import _compile, _core
 from ._compile import tensors_in
 
 __all__ = ["Site", "hooking", "seq_now", "watch"]
@@ -39,6 +40,9 @@ _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
 _grad_enabled = torch.is_grad_enabled
 _is_compiling: Callable[[], bool] = getattr(
     getattr(torch, "compiler", None), "is_compiling", lambda: False
+)
+_dynamo_compiling: Callable[[], bool] = getattr(
+    getattr(torch, "compiler", None), "is_dynamo_compiling", _is_compiling
 )
 # Output tensors looked at for the node to hook (nested tuples, lists, dicts).
 _MAX_OUTPUTS = 8
@@ -87,14 +91,17 @@ class _Hook:
 
 class _Pass:
     """One backward pass's rows: ``rows`` open, oldest first, as (first node number, site,
-    token); ``done`` the stamped rows closed, as (site, gen, rec, start, end, t0_ns, t1_ns,
-    step, tid), queued as samples when the pass ends. A token is what begin_at returned, or
-    a stamp (rec, start event, t0_ns, gen, tid)."""
+    token); ``marked`` the same for the rows of compiled code, whose calls are numbered by
+    trace order instead (``_Call``: the two numberings never close each other's rows);
+    ``done`` the stamped rows closed, as (site, gen, rec, start, end, t0_ns, t1_ns, step,
+    tid), queued as samples when the pass ends. A token is what begin_at returned, or a
+    stamp (rec, start event, t0_ns, gen, tid)."""
 
-    __slots__ = ("done", "rows")
+    __slots__ = ("done", "marked", "rows")
 
     def __init__(self) -> None:
         self.rows: list[tuple[int, Site, Any]] = []
+        self.marked: list[tuple[int, Site, Any]] = []
         self.done: list[tuple[Any, ...]] = []
 
 
@@ -144,13 +151,15 @@ def _close(p: _Pass, site: Site, token: Any, here: _Here | None) -> _Here | None
     return here
 
 
-def _fire(seq: int, calls: list[tuple[int, Site]]) -> None:
+def _fire(seq: int, calls: list[tuple[int, Site]], marked: bool = False) -> None:
+    """Close the open rows (of compiled code's calls if ``marked``) whose calls began after
+    ``seq``, then open ``calls``' rows."""
     task = _task_id()
     p = _OPEN.get(task)
     if p is None:
         p = _OPEN[task] = _Pass()
         _queue_callback(_PassEnd(task))  # once per backward pass
-    rows = p.rows
+    rows = p.marked if marked else p.rows
     here: _Here | None = None
     # Rows whose calls began after this node was made are over.
     while rows and rows[-1][0] > seq:
@@ -205,11 +214,11 @@ def _flush(task: int) -> None:
     p = _OPEN.pop(task, None)
     if p is None:
         return
-    rows = p.rows
     here: _Here | None = None
-    while rows:
-        _, site, token = rows.pop()
-        here = _close(p, site, token, here)
+    for rows in (p.rows, p.marked):
+        while rows:
+            _, site, token = rows.pop()
+            here = _close(p, site, token, here)
     for site, gen, rec, start, end, t0_ns, t1_ns, step, tid in p.done:
         site.rec.push_span(site.path, gen, rec, start, end, t0_ns, t1_ns, step, tid)
 
@@ -279,12 +288,150 @@ def _edges(node: Any, first: int) -> list[Any]:
     return found
 
 
+# -- compiled code ---------------------------------------------------------------------------
+#
+# Inside code Dynamo traces there are no nodes to hook: the compiled backward is one autograd
+# node for the whole graph. Instead a call's tensor outputs pass through ``_Boundary``, an
+# identity autograd Function whose backward puts the call's mark into the backward graph that
+# AOTAutograd traces, after the work that makes the outputs' gradients. AOTAutograd threads a
+# backward effect token through the marks, so they run in the order the traced backward
+# called them (the order autograd would run the call's nodes), and Inductor puts the kernels
+# that make a mark's gradients before it. The mark does what an eager hook does: closes the
+# rows of calls that began after this call ended, opens this call's row. Calls are numbered by
+# a counter that runs while Dynamo traces (``_tick``), in the order they begin.
+#
+# No mark on a call's inputs: one closing the row where the inputs' gradients are made would
+# depend on a partial gradient (a residual's other part is added later) and keep Inductor from
+# folding that sum into the matmul that makes it (addmm), which changed the gradients in the
+# last bits (3e-8 on an MLP, torch 2.13 CPU). A mark on the outputs depends on their whole
+# gradients, which the graph computes anyway.
+
+_ticks = itertools.count()
+_SITES: list[Site] = []  # a site's number in compiled code -> the site
+_sites_lock = threading.Lock()
+
+
+class _Call:
+    """One call traced into compiled code, as its mark's kernel sees it: ``__enter__`` opens
+    its row (after closing those of calls that began after ``last``). Numbers fixed when it
+    was traced, no state of a run: the same graph may run on several threads at once, or
+    inside itself, the open rows being per backward pass (``_MARKED``)."""
+
+    __slots__ = ("calls", "compiled", "last")
+
+    def __init__(self, site: Site, first: int, last: int) -> None:
+        self.calls = [(first, site)]
+        self.last = last
+        self.compiled = False
+
+    def __enter__(self) -> None:
+        if _task_id() >= 0:  # else no backward pass (compiled autograd) to close the row at
+            _fire(self.last, self.calls, True)
+
+    def __exit__(self, *exc: object) -> None:
+        """Never marked (a row ends at the next call's mark or the pass end)."""
+
+
+@_compile.constant
+def _tick() -> int:
+    """The next call number (run while Dynamo traces; a constant in the graph)."""
+    return next(_ticks)
+
+
+@_compile.constant
+def _call_key(site: str, first: int) -> int:
+    """The mark key of a call of the site numbered ``site`` that began at ``first`` and ends
+    now. The number as a str: under ``dynamic=True`` Dynamo makes an int read from a closure a
+    symbol, which a constant function refuses (torch 2.13)."""
+    return _compile.key_of(_Call(_SITES[int(site)], first, next(_ticks)))
+
+
+class _Boundary(torch.autograd.Function):
+    """Identity on a call's output tensors whose backward marks the call (``key``), after the
+    work that makes their gradients.
+
+    Its outputs are clones, not the tensors themselves: an output that is an input returned
+    as is, or a view of it, may not be modified in place (autograd forbids it: "a view created
+    inside a custom Function"), and callers do that to what a module returns
+    (``out += identity``, ``ReLU(inplace=True)``). Inductor drops each clone (its
+    ``remove_noop_ops`` pass) unless that would make two graph outputs share memory; the
+    aot_eager backend runs them."""
+
+    @staticmethod
+    def forward(ctx: Any, key: int, *tensors: torch.Tensor) -> Any:
+        ctx.key = key
+        return tuple(t.clone() for t in tensors)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        _compile.enter_mark(ctx.key, [g for g in grads if g is not None])
+        return (None, *grads)
+
+
+def _needs_grad(obj: Any) -> bool:
+    return isinstance(obj, torch.Tensor) and obj.requires_grad
+
+
+def _through(site: str, first: int, tensors: list[Any]) -> tuple[torch.Tensor, ...]:
+    key = _call_key(site, first)
+    out: tuple[torch.Tensor, ...] = _Boundary.apply(key, *tensors)  # type: ignore[no-untyped-call]
+    return out
+
+
+def _marked(site: str, first: int, out: Any) -> Any:
+    """``out`` with its tensors that need a gradient passed through one ``_Boundary``: a
+    tensor, or the tensors directly in a tuple (a namedtuple too), list or dict; other
+    results are returned as they are (the call has no row in compiled code)."""
+    if isinstance(out, torch.Tensor):
+        return _through(site, first, [out])[0] if out.requires_grad else out
+    if type(out) is dict:
+        names = [k for k, v in out.items() if _needs_grad(v)]
+        if not names:
+            return out
+        new = dict(out)
+        moved = _through(site, first, [out[k] for k in names])
+        for j, k in enumerate(names):
+            new[k] = moved[j]
+        return new
+    if type(out) in (tuple, list) or (isinstance(out, tuple) and hasattr(out, "_fields")):
+        places = [i for i, v in enumerate(out) if _needs_grad(v)]
+        if not places:
+            return out
+        items = list(out)
+        moved = _through(site, first, [out[i] for i in places])
+        for j, i in enumerate(places):
+            items[i] = moved[j]
+        if type(out) is list:
+            return items
+        if type(out) is tuple:
+            return tuple(items)
+        return type(out)(*items)
+    return out
+
+
+def _compiled_call(forward: Callable[..., Any], site: str, args: Any, kwargs: Any) -> Any:
+    """A call inlined into code Dynamo traces: its outputs through its mark (under grad mode,
+    on a torch whose backward graph keeps the marks' order), else a plain call."""
+    if not site or not _grad_enabled() or not _compile.marks_in_backward():
+        return forward(*args, **kwargs)
+    first = _tick()
+    return _marked(site, first, forward(*args, **kwargs))
+
+
 def hooking(forward: Callable[..., Any], site: Site, bounded: bool = False) -> Callable[..., Any]:
     """``forward`` that times its backward as ``site`` (under grad mode, Timer on);
     ``bounded`` as in ``watch``."""
     store = site.store
+    # The site's number in compiled code ("": no marks on this torch, or CUDATIMER_COMPILE=0).
+    number = ""
+    if _compile.SUPPORTED:
+        with _sites_lock:
+            number = str(len(_SITES))
+            _SITES.append(site)
 
     def forward_timing_backward(*args: Any, **kwargs: Any) -> Any:
+        if _dynamo_compiling():
+            return _compiled_call(forward, number, args, kwargs)
         if not (_grad_enabled() and store.enabled) or _is_compiling():
             return forward(*args, **kwargs)
         first = seq_now()

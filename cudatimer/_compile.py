@@ -41,7 +41,19 @@ import torch
 
 from ._config import env_flag
 
-__all__ = ["REASON", "SUPPORTED", "block", "call", "key_of", "left_out", "tensors_in", "timer_key"]
+__all__ = [
+    "REASON",
+    "SUPPORTED",
+    "block",
+    "call",
+    "constant",
+    "enter_mark",
+    "key_of",
+    "left_out",
+    "marks_in_backward",
+    "tensors_in",
+    "timer_key",
+]
 
 # key -> Region; a region traced into compiled code stays alive as long as the code may run.
 _REGIONS: list[Any] = []
@@ -222,6 +234,12 @@ def _mark(ops: Any, key: int, deps: list[torch.Tensor]) -> None:
         ops[3](key, deps)
 
 
+def enter_mark(key: int, deps: list[torch.Tensor]) -> None:
+    """The enter mark of ``key`` (any object with ``__enter__``/``__exit__`` that ``key_of``
+    numbered) into the graph being traced, after the work that makes ``deps``."""
+    _mark(_ENTER, key, deps)
+
+
 _F = TypeVar("_F", bound=Callable[..., int])
 
 
@@ -258,6 +276,24 @@ def _block_key(timer: int, name: str, options: tuple[tuple[str, Any], ...]) -> i
     owner = _TIMERS[timer]()  # alive: its region() is being traced
     assert owner is not None
     return key_of(owner.region(name, **dict(options)))
+
+
+#: ``_constant`` for the rest of the package.
+constant = _constant
+
+
+@_constant
+def marks_in_backward() -> int:
+    """1 where AOTAutograd threads effect tokens through the backward graph too (its
+    ``num_backward_tokens``; torch 2.13 has it), so marks called from an autograd Function's
+    backward stay in order there; else 0. Run once per trace, folded to a constant."""
+    if not SUPPORTED:
+        return 0
+    try:
+        from torch._functorch._aot_autograd.schemas import ViewAndMutationMeta
+    except ImportError:
+        return 0
+    return int("num_backward_tokens" in getattr(ViewAndMutationMeta, "__dataclass_fields__", {}))
 
 
 @_constant

@@ -16,7 +16,8 @@ forward row ``Net/layers.0/attn``. The root row ``Net.backward`` is the model's 
 backward (when the model itself is instrumented), so its children's share of it is the
 backward's coverage (``Summary.backward_coverage``). Fixed paths, not the thread's stack: the
 backward runs on autograd's threads on the GPU and under the caller's regions on the CPU, and
-the tree must read the same on both.
+the tree must read the same on both. Inside ``torch.compile``d code each call puts one mark
+into the compiled backward graph instead of a hook (``_backward``, "compiled code").
 """
 
 from __future__ import annotations

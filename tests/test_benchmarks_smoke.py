@@ -432,6 +432,8 @@ def test_compile_targets_runs_on_the_cpu(tmp_path: Path) -> None:
     assert got["modules"] > 0 and got["regions_with_gpu_time"] == got["modules"]
     assert got["calls_per_module"] == [2]
     assert got["ratio"] > 0 and got["compiled_region_us"] > 0
+    assert got["backward_rows"] > 0 and got["backward_calls_per_row"] == [2]
+    assert got["backward_ratio"] > 0 and got["compile_s_backward"] > 0
 
 
 def test_html_report_benchmark_runs_small() -> None:

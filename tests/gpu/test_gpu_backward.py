@@ -136,3 +136,54 @@ def test_compute_bound_backward_rows_match_cupti_kernel_spans() -> None:
         assert row is not None and row.gpu_total_ms is not None
         rows += row.gpu_total_ms
     assert rows <= root.gpu_total_ms + 0.001, (rows, root)
+
+
+def test_compiled_training_step_backward_rows_never_synchronize() -> None:
+    """A compiled (inductor) MLP training step with instrument(backward=True): eager mode's
+    backward rows and counts, timed on cuda:0, no synchronising CUDA call added against the
+    plain compiled step, and bitwise the plain compiled step's gradients."""
+    torch._dynamo.reset()
+    steps = 10
+    x = torch.randn(64, 256, device="cuda")
+    plain, timed, eager = _model(), _model(), _model()
+    eager_t, t = Timer(name="eager-rows"), Timer(name="compiled-rows")
+    with cudatimer.instrument(eager, timer=eager_t, backward=True):
+        for _ in range(steps):
+            eager(x).square().mean().backward()
+    torch.cuda.synchronize()
+    want_rows = [(r.name, r.calls) for r in eager_t.summary().regions if ".backward" in r.name]
+
+    handle = cudatimer.instrument(timed, timer=t, backward=True)
+    runs = {"plain": (plain, torch.compile(plain)), "timed": (timed, torch.compile(timed))}
+
+    def loop(name: str) -> None:
+        model, compiled = runs[name]
+        for _ in range(steps):
+            compiled(x).square().mean().backward()
+            model.zero_grad(set_to_none=False)
+
+    for name in runs:
+        loop(name)  # compile and warm up
+    torch.cuda.synchronize()
+    t.reset()
+    base = count_runtime_calls(lambda: loop("plain"))
+    with_rows = count_runtime_calls(lambda: loop("timed"))
+    for name in SYNC_CALLS:
+        assert with_rows.get(name, 0) == base.get(name, 0), (name, with_rows, base)
+    torch.cuda.synchronize()
+    s = t.summary()
+    got = [(r.name, r.calls) for r in s.regions if ".backward" in r.name]
+    assert got == want_rows and got
+    for name, _ in got:
+        row = s.get(name, clock="cuda:0")
+        assert row is not None and row.gpu_total_ms is not None, name
+
+    grads = []
+    for name in runs:
+        model, compiled = runs[name]
+        model.zero_grad(set_to_none=True)
+        compiled(x).square().mean().backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    handle.remove()
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
