@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from . import _compile, _core
+from . import _compile
 from ._compile import tensors_in
 
 __all__ = ["Site", "hooking", "seq_now", "watch"]
@@ -54,23 +54,13 @@ class Site:
     """One backward row: the region that records it and its fixed path from the tree's root
     (``("Net.backward", "layers.0", "attn")``)."""
 
-    __slots__ = ("fast", "path", "rec", "region", "store")
+    __slots__ = ("path", "rec", "region", "store")
 
     def __init__(self, region: Any, path: tuple[str, ...]) -> None:
         self.region = region
         self.path = path
         self.rec = region.timer.recorder
         self.store = self.rec.store
-        # Stamped (an event now, the sample queued at the pass's end) where the row is a plain
-        # event pair: timed on the GPU, no NVTX range to open now (no tool attached), every
-        # call timed, one stream. Otherwise begin_at/end, with everything they handle.
-        self.fast = bool(
-            region.timing
-            and region.events
-            and not region.nvtx
-            and region.counter is None
-            and not region.streams
-        )
 
 
 class _Hook:
@@ -90,19 +80,15 @@ class _Hook:
 
 
 class _Pass:
-    """One backward pass's rows: ``rows`` open, oldest first, as (first node number, site,
-    token); ``marked`` the same for the rows of compiled code, whose calls are numbered by
-    trace order instead (``_Call``: the two numberings never close each other's rows);
-    ``done`` the stamped rows closed, as (site, gen, rec, start, end, t0_ns, t1_ns, step,
-    tid), queued as samples when the pass ends. A token is what begin_at returned, or a
-    stamp (rec, start event, t0_ns, gen, tid)."""
+    """One backward pass's open rows, oldest first, as (first node number, site, token):
+    ``rows`` those of eager calls, ``marked`` those of compiled code's calls, numbered by
+    trace order instead (``_Call``: the two numberings never close each other's rows)."""
 
-    __slots__ = ("done", "marked", "rows")
+    __slots__ = ("marked", "rows")
 
     def __init__(self) -> None:
         self.rows: list[tuple[int, Site, Any]] = []
         self.marked: list[tuple[int, Site, Any]] = []
-        self.done: list[tuple[Any, ...]] = []
 
 
 # Graph task id -> its pass. Per task, not per thread: a pass may run nodes on several
@@ -115,40 +101,10 @@ _OPEN: dict[int, _Pass] = {}
 # id(node), as torch 2.11 makes a new Python object for each ``grad_fn`` read of a C++ node.
 _last: _Hook | None = None
 _thread_id = threading.get_ident
-_now = _core.now_ns  # the recorder's host clock
 
 
 def _first(row: tuple[int, Site, Any]) -> int:
     return row[0]
-
-
-class _Here:
-    """What a stamp needs, looked up once per hook call and recorder: the current stream's
-    record (None: begin_at/end) and the thread's stack id."""
-
-    __slots__ = ("rec", "recorder", "tid")
-
-    def __init__(self, recorder: Any) -> None:
-        self.recorder = recorder
-        self.rec = recorder.stamp_rec()
-        self.tid = recorder.store.stack().tid if self.rec is not None else 0
-
-
-def _close(p: _Pass, site: Site, token: Any, here: _Here | None) -> _Here | None:
-    if type(token) is not tuple:
-        site.rec.end(site.region, token)
-        return here
-    if here is None or here.recorder is not site.rec:
-        here = _Here(site.rec)
-    srec, start, t0_ns, gen, tid = token
-    rec = here.rec
-    if rec is None or rec.device != srec.device:
-        # The stream began capturing a graph, or the pass moved the row to another device,
-        # since it opened: no event can end it here; its start goes back to the pool.
-        srec.give(start)
-        return here
-    p.done.append((site, gen, rec, start, rec.take(), t0_ns, _now(), site.store.step, tid))
-    return here
 
 
 def _fire(seq: int, calls: list[tuple[int, Site]], marked: bool = False) -> None:
@@ -160,22 +116,13 @@ def _fire(seq: int, calls: list[tuple[int, Site]], marked: bool = False) -> None
         p = _OPEN[task] = _Pass()
         _queue_callback(_PassEnd(task))  # once per backward pass
     rows = p.marked if marked else p.rows
-    here: _Here | None = None
     # Rows whose calls began after this node was made are over.
     while rows and rows[-1][0] > seq:
-        _, site, closing = rows.pop()
-        here = _close(p, site, closing, here)
+        _, site, token = rows.pop()
+        site.rec.end(site.region, token)
     for i in range(len(calls) - 1, -1, -1):  # outermost call first
         first, site = calls[i]
-        token: Any = None
-        if site.fast:
-            if here is None or here.recorder is not site.rec:
-                here = _Here(site.rec)
-            rec = here.rec
-            if rec is not None:
-                token = (rec, rec.take(), _now(), site.store.gen, here.tid)
-        if token is None:
-            token = site.rec.begin_at(site.region, site.path)
+        token = site.rec.begin_at(site.region, site.path)
         row = (first, site, token)
         if rows and rows[-1][0] > first:
             # An outer call's row opening after an inner one's: their calls returned the
@@ -209,18 +156,13 @@ class _PassEnd:
 
 
 def _flush(task: int) -> None:
-    """End of a backward pass: close what it left open, innermost first, then queue the
-    stamped rows' samples (the host is ahead of the GPU here: the cost is off its path)."""
+    """End of a backward pass: close what it left open, innermost first."""
     p = _OPEN.pop(task, None)
-    if p is None:
-        return
-    here: _Here | None = None
-    for rows in (p.rows, p.marked):
-        while rows:
-            _, site, token = rows.pop()
-            here = _close(p, site, token, here)
-    for site, gen, rec, start, end, t0_ns, t1_ns, step, tid in p.done:
-        site.rec.push_span(site.path, gen, rec, start, end, t0_ns, t1_ns, step, tid)
+    if p is not None:
+        for rows in (p.rows, p.marked):
+            while rows:
+                _, site, token = rows.pop()
+                site.rec.end(site.region, token)
 
 
 def _newest(t: torch.Tensor, found: list[torch.Tensor]) -> bool:
@@ -384,29 +326,22 @@ def _marked(site: str, first: int, out: Any) -> Any:
     results are returned as they are (the call has no row in compiled code)."""
     if isinstance(out, torch.Tensor):
         return _through(site, first, [out])[0] if out.requires_grad else out
+    items: Any
     if type(out) is dict:
-        names = [k for k, v in out.items() if _needs_grad(v)]
-        if not names:
-            return out
-        new = dict(out)
-        moved = _through(site, first, [out[k] for k in names])
-        for j, k in enumerate(names):
-            new[k] = moved[j]
-        return new
-    if type(out) in (tuple, list) or (isinstance(out, tuple) and hasattr(out, "_fields")):
-        places = [i for i, v in enumerate(out) if _needs_grad(v)]
-        if not places:
-            return out
+        items = dict(out)
+        keys: list[Any] = [k for k, v in out.items() if _needs_grad(v)]
+    elif type(out) in (tuple, list) or (isinstance(out, tuple) and hasattr(out, "_fields")):
         items = list(out)
-        moved = _through(site, first, [out[i] for i in places])
-        for j, i in enumerate(places):
-            items[i] = moved[j]
-        if type(out) is list:
-            return items
-        if type(out) is tuple:
-            return tuple(items)
-        return type(out)(*items)
-    return out
+        keys = [i for i, v in enumerate(out) if _needs_grad(v)]
+    else:
+        return out
+    if not keys:
+        return out
+    for k, moved in zip(keys, _through(site, first, [items[k] for k in keys]), strict=True):
+        items[k] = moved
+    if type(out) in (dict, list):
+        return items
+    return tuple(items) if type(out) is tuple else type(out)(*items)
 
 
 def _compiled_call(forward: Callable[..., Any], site: str, args: Any, kwargs: Any) -> Any:

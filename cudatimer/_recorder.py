@@ -252,49 +252,6 @@ class Recorder:
             self._fixed[path] = (gen, slot)
         return self._detached(r, store.stack(), slot, gen)
 
-    # -- stamps: detached rows whose samples are queued later ---------------------------------
-    # A backward row opens and closes inside autograd's pass, on the thread that launches its
-    # kernels: what it costs there is added to a launch-bound backward. A stamp is the least
-    # that must happen at the moment itself (one pooled event recorded on the current stream,
-    # the host clock); the rest of begin_at/end (the slot, the frame, the sample's queueing)
-    # waits for the end of the pass (``push_span``), when the host is ahead of the GPU. On the
-    # H200, rows ended inside the pass made a 6-layer GPT-2 step 1.15-1.32x slower, ended at
-    # its end 1.02x.
-
-    def stamp_rec(self) -> _core.StreamRec | None:
-        """The record of the current stream when a stamp can be taken now (Timer on, CUDA in
-        use, the stream not capturing a graph), else None: begin_at/end then."""
-        if not self.store.enabled or _is_compiling() or not _device.usable():
-            return None
-        return _device.current_rec()
-
-    def push_span(
-        self,
-        path: tuple[str, ...],
-        gen: int,
-        rec: _core.StreamRec,
-        start: Any,
-        end: Any,
-        t0_ns: int,
-        t1_ns: int,
-        step: int,
-        tid: int,
-    ) -> None:
-        """Queue the sample between two stamps (``start`` and ``end``, events taken from
-        ``rec.take()`` under generation ``gen``) at the fixed ``path``; a reset() since the
-        start drops it, and its events go back to the pool."""
-        if gen != self.store.gen:
-            rec.give(start)
-            rec.give(end)
-            return
-        cached = self._fixed.get(path)
-        if cached is not None and cached[0] == gen:
-            slot = cached[1]
-        else:
-            slot = self._fixed_slot(path)
-            self._fixed[path] = (gen, slot)
-        rec.push(self.store, slot, gen, start, end, (), t0_ns, t1_ns, step, tid)
-
     def _fixed_slot(self, path: tuple[str, ...]) -> int:
         while True:
             try:

@@ -234,7 +234,7 @@ class Tower(torch.nn.Module):
         return self.head(x)
 
 
-def _train(model: torch.nn.Module, fn: Callable[..., Any], sizes: list[int]) -> list[Any]:
+def train(model: torch.nn.Module, fn: Callable[..., Any], sizes: list[int]) -> list[Any]:
     """Forward and backward at each batch size; the outputs and the gradients, in order."""
     got: list[Any] = []
     torch.manual_seed(0)
@@ -261,7 +261,7 @@ def test_compiled_training_counts_like_eager_and_changes_nothing(
     eager_t = Timer(name="eager")
     eager = Tower(eager_t)
     with cudatimer.instrument(eager, timer=eager_t):
-        _train(eager, eager, sizes)
+        train(eager, eager, sizes)
 
     plain_t = Timer(name="plain", enabled=False)  # its `with` regions record nothing
     plain = Tower(plain_t)
@@ -273,13 +273,13 @@ def test_compiled_training_counts_like_eager_and_changes_nothing(
     torch._dynamo.reset()
     before = stats["unique_graphs"]
     compiled = torch.compile(plain, backend=backend, fullgraph=fullgraph, dynamic=dynamic)
-    want = _train(plain, compiled, sizes)
+    want = train(plain, compiled, sizes)
     graphs_plain = stats["unique_graphs"] - before
     torch._dynamo.reset()
     before = stats["unique_graphs"]
     with cudatimer.instrument(timed, timer=timed_t):
         compiled = torch.compile(timed, backend=backend, fullgraph=fullgraph, dynamic=dynamic)
-        got = _train(timed, compiled, sizes)
+        got = train(timed, compiled, sizes)
     graphs_timed = stats["unique_graphs"] - before
     assert dynamo.utils.counters["graph_break"] == {}
 

@@ -7,7 +7,7 @@ marks; the fallback where the mechanism is missing."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,6 +16,7 @@ from torch import nn
 
 import cudatimer
 from cudatimer import Timer, _compile
+from tests.test_compile import train
 
 dynamo = pytest.importorskip("torch._dynamo")
 
@@ -76,21 +77,6 @@ def rows(t: Timer) -> list[tuple[str, int]]:
 
 def backward_rows(t: Timer) -> list[tuple[str, int]]:
     return [(n, c) for n, c in rows(t) if ".backward" in n]
-
-
-def train(
-    model: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor], sizes: list[int]
-) -> list[Any]:
-    """Forward and backward at each batch size; the outputs and the gradients, in order."""
-    got: list[Any] = []
-    torch.manual_seed(0)
-    for n in sizes:
-        out = fn(torch.randn(n, 8))
-        out.square().mean().backward()
-        got.append(out.detach())
-        got.extend(p.grad.clone() for p in model.parameters() if p.grad is not None)
-        model.zero_grad()
-    return got
 
 
 def fresh(state: dict[str, Any]) -> Net:
