@@ -9,7 +9,8 @@ host cost; it is divided by the number of instrumented modules.
 On a GPU (``--device cuda``) two training steps of the issue are timed: a 6-layer HF GPT-2
 (batch 8 x 512, bf16 autocast, fused AdamW; ``_workloads.GPT`` with the same sizes where
 transformers is missing) and torchvision's ResNet-50 (batch 256, channels_last, bf16, SGD).
-Each step runs plain, with every module's forward instrumented, and with ``backward=True``;
+Each step runs plain, with every module's forward instrumented, with ``backward=True``, and
+as the floor: a do-nothing Python pre-hook where ``backward=True`` puts its hook, no cudatimer;
 the targets are <= 1.05x (GPT-2) and <= 1.03x (ResNet-50) for ``backward``. One more
 instrumented step per round, with a region around ``loss.backward()``, gives the coverage:
 the share of the ``<Model>.backward`` root that its child rows cover (target >= 95%), and the
@@ -46,7 +47,7 @@ import cudatimer
 # Steps per timing and timings per variant; the environment variable keeps the smoke test short.
 STEPS = int(os.environ.get("CUDATIMER_BENCH_N", "100"))
 ROUNDS = 15
-VARIANTS = ("plain", "forward", "backward")
+VARIANTS = ("plain", "forward", "backward", "floor")
 # A step with a context manager around its backward call (a region, or nothing).
 Step = Callable[[Callable[[], contextlib.AbstractContextManager[Any]]], None]
 
@@ -126,6 +127,52 @@ def _resnet50_cuda() -> tuple[nn.Module, Step, str]:
     return model, step, "torchvision ResNet-50, batch 256 x 224^2, channels_last, bf16, SGD"
 
 
+def _output_tensor(out: Any) -> torch.Tensor | None:
+    """The first tensor with a grad_fn in a module's output (a tensor, or one directly in a
+    tuple, list, dict or HF ModelOutput)."""
+    if isinstance(out, torch.Tensor):
+        return out if out.grad_fn is not None else None
+    items = out.values() if isinstance(out, dict) else out if isinstance(out, tuple | list) else ()
+    for t in items:
+        if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+            return t
+    return None
+
+
+@contextlib.contextmanager
+def _bare_hooks(model: nn.Module) -> Any:
+    """The floor of the mechanism without cudatimer: each module's forward wrapped to put one
+    do-nothing Python pre-hook on the node that made its output (nested modules returning one
+    tensor share it), as ``instrument(backward=True)`` does; nothing timed, no region."""
+    last = [-1]
+
+    def nothing(grad_outputs: Any) -> None:
+        return None
+
+    def wrap(forward: Callable[..., Any]) -> Callable[..., Any]:
+        def hooked(*args: Any, **kwargs: Any) -> Any:
+            out = forward(*args, **kwargs)
+            t = _output_tensor(out)
+            if t is not None:
+                node = t.grad_fn
+                seq = node._sequence_nr()  # type: ignore[union-attr]
+                if seq != last[0]:
+                    node.register_prehook(nothing)  # type: ignore[union-attr]
+                    last[0] = seq
+            return out
+
+        return hooked
+
+    modules = list(model.modules())
+    for m in modules:
+        m.forward = wrap(m.forward)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for m in modules:
+            del m.forward
+
+
 def _time(step: Step, device: str, steps: int) -> float:
     """Seconds per step over ``steps`` steps: on the CPU this process's CPU time (other jobs on
     a shared machine moved wall time by 2x between runs, CPU time by a few %), on a GPU wall
@@ -147,7 +194,8 @@ def _measure(model: nn.Module, step: Step, device: str, steps: int, rounds: int)
     timer = cudatimer.Timer(name="backward-cost")
     for _ in range(3):
         step(contextlib.nullcontext)  # warm up: allocator, kernels, autotuning
-    # Each round times plain, forward and backward in a rotated order and plain once more at
+    # Each round times plain, forward, backward and the floor (a do-nothing Python pre-hook
+    # where backward=True puts its hook, without cudatimer) in a rotated order and plain once more at
     # its end; a variant's ratio is taken against the mean of its own round's two plain blocks.
     # On the H200 machine the plain step moved between 21.9 and 24.5 ms from one block to the
     # next (one run, 5 rounds): ratios of medians taken across rounds read 1.15x where the
@@ -160,6 +208,10 @@ def _measure(model: nn.Module, step: Step, device: str, steps: int, rounds: int)
         nonlocal modules
         if variant == "plain":
             return _time(step, device, steps)
+        if variant == "floor":
+            with _bare_hooks(model):
+                step(contextlib.nullcontext)
+                return _time(step, device, steps)
         with cudatimer.instrument(model, backward=variant == "backward", timer=timer) as handle:
             modules = len(handle)
             step(contextlib.nullcontext)
@@ -169,7 +221,7 @@ def _measure(model: nn.Module, step: Step, device: str, steps: int, rounds: int)
         return seconds
 
     for i in range(rounds):
-        order = VARIANTS[i % 3 :] + VARIANTS[: i % 3]
+        order = VARIANTS[i % len(VARIANTS) :] + VARIANTS[: i % len(VARIANTS)]
         got = {v: block(v) for v in order}
         plain = (got["plain"] + block("plain")) / 2
         for v in VARIANTS:
@@ -195,6 +247,10 @@ def _measure(model: nn.Module, step: Step, device: str, steps: int, rounds: int)
         out[f"{v}_ratio_median"] = statistics.median(ratios[v])
         out[f"{v}_ratios"] = [round(r, 4) for r in ratios[v]]
         out[f"{v}_ratio_best"] = out[f"{v}_ms_best"] / out["plain_ms_best"]
+    # What cudatimer adds on top of torch's own cost of Python pre-hooks, round by round.
+    out["backward_over_floor_median"] = statistics.median(
+        b / f for b, f in zip(times["backward"], times["floor"], strict=True)
+    )
     if covs and root is not None and whole is not None:
         out["coverage"] = covs[0].fraction
         out["uncovered_ms_per_step"] = covs[0].uncovered_ms / steps
@@ -211,6 +267,7 @@ def _print(name: str, what: str, r: dict[str, Any]) -> None:
         ratio = "" if v == "plain" else f"  {r[f'{v}_ratio_median']:.3f}x median of rounds"
         ratio += "" if v == "plain" else f"  {r[f'{v}_ratio_best']:.3f}x of best blocks"
         print(f"  {v:9s} {med:8.3f} ms/step median  {best:8.3f} best{ratio}")
+    print(f"  backward / floor {r['backward_over_floor_median']:.3f}x median of rounds")
     if "coverage" in r:
         print(
             f"  coverage {r['coverage']:.1%} of the root ({r['root_ms_per_step']:.3f} ms/step, "

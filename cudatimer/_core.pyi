@@ -289,8 +289,20 @@ class RegionBase:
         pop: Callable[[], Any] | None,
         enter: Callable[[Any], None],
         exit: Callable[[Any, Any], None],
+        start: Callable[[Any], Any] | None = None,
+        end: Callable[[Any], Any] | None = None,
     ) -> None:
-        """``exit(region, exc_type)``: the general hook, with the block's exception type."""
+        """``exit(region, exc_type)``: the general hook, with the block's exception type;
+        ``start(attrs)`` -> range id and ``end(range_id)``: NVTX of detached calls."""
+    def open_at(self, slot: int, gen: int) -> Frame | None:
+        """A detached call (a frame on no stack: a backward row) at ``slot`` in the common
+        case of ``__enter__``: a TIMED frame, its start recorded on the current device's
+        default stream now, its NVTX range started; None, with nothing done, otherwise (the
+        caller takes the general path)."""
+    def close(self, frame: Frame) -> bool:
+        """End a TIMED frame of this region whose stream is still the current one: the end
+        recorded, the sample queued, the NVTX range ended, the frame OFF afterwards. False,
+        with nothing done, for any other frame or stream (the general path's)."""
     def __enter__(self) -> Any: ...
     def __exit__(
         self,

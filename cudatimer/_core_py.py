@@ -948,12 +948,14 @@ class RegionBase:
         "_cgen",
         "_cparent",
         "_cslot",
+        "_end",
         "_enter_hook",
         "_exit_hook",
         "_fast",
         "_pop",
         "_push",
         "_rname",
+        "_start",
         "_store",
     )
 
@@ -967,9 +969,12 @@ class RegionBase:
         pop: Callable[[], Any] | None,
         enter: Callable[[Any], None],
         exit: Callable[[Any, Any], None],
+        start: Callable[[Any], Any] | None = None,
+        end: Callable[[Any], Any] | None = None,
     ) -> None:
         """Set what the hooks read (``Region.__init__`` calls it once); ``exit(region,
-        exc_type)`` gets the exception type of the block (None: it ended cleanly)."""
+        exc_type)`` gets the exception type of the block (None: it ended cleanly); ``start``
+        and ``end``: NVTX ranges of detached calls (``open_at``/``close``)."""
         self._store = store
         self._fast = fast
         self._rname = name
@@ -978,6 +983,8 @@ class RegionBase:
         self._pop = pop
         self._enter_hook = enter
         self._exit_hook = exit
+        self._start = start
+        self._end = end
         self._cparent = -2
         self._cslot = -1
         self._cgen = -1
@@ -1091,6 +1098,54 @@ class RegionBase:
                 own = state.get("own")
                 _repair(stack, self, -1, own if own is not None else _innermost(stack, self))
             raise
+
+
+    # Detached calls (frames on no stack, opened at a slot the caller names: backward rows).
+
+    def open_at(self, slot: int, gen: int) -> Frame | None:
+        """A detached call at ``slot`` in the common case: a TIMED frame on no stack, its
+        start recorded on the current device's default stream now, its NVTX range started;
+        None, with nothing done, where ``__enter__`` would take the general hook."""
+        store = self._store
+        if not (self._fast and store.enabled and _usable):
+            return None
+        key = _getter(-1)  # type: ignore[misc]
+        rec = _defaults.get(key[1]) if key[0] == 0 else None
+        if rec is None:
+            return None
+        rid = self._start(self._attrs) if self._start is not None else None
+        try:
+            start = rec.take()
+        except BaseException:
+            if rid is not None and self._end is not None:
+                self._end(rid)
+            raise
+        return Frame(self, slot, gen, TIMED, rec, start, now_ns(), range_id=rid)
+
+    def close(self, frame: Frame) -> bool:
+        """End a TIMED frame of this region in the common case (its stream still the current
+        one): the sample queued, the NVTX range ended, the frame OFF; False, with nothing
+        done, for any other frame or stream."""
+        t1 = now_ns()
+        if type(frame) is not Frame:
+            raise TypeError(f"close() takes a Frame, got {type(frame).__name__}")
+        rec = frame.rec
+        if not (self._fast and frame.region is self and frame.kind == TIMED) or rec is None:
+            return False
+        if frame.start is None or _getter is None or _getter(-1) != rec.key:
+            return False
+        store = self._store
+        start, rid = frame.start, frame.range_id
+        frame.start = frame.range_id = None
+        frame.kind = OFF
+        try:
+            end = rec.take()
+            rec.push(store, frame.slot, frame.gen, start, end, (), frame.t0_ns, t1, store.step,
+                     store.stack().tid)
+        finally:
+            if rid is not None and self._end is not None:
+                self._end(rid)
+        return True
 
 
 def _innermost(stack: Stack, region: RegionBase) -> Frame | None:

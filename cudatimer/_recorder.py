@@ -263,6 +263,11 @@ class Recorder:
                 continue
 
     def _detached(self, r: Region, stack: Any, slot: int, gen: int) -> Any:
+        # The common case in one core call (a backward row's open and close went from 22 us
+        # to ... on the H200 machine's host); the general path below for the rest.
+        frame = r.open_at(slot, gen)
+        if frame is not None:
+            return frame
         rid = r.domain.start(r.attrs) if r.nvtx else None
         if not r.timing:
             return _core.Frame(r, slot, gen, _NVTX, range_id=rid)
@@ -324,7 +329,7 @@ class Recorder:
         return out
 
     def end(self, r: Region, token: Any) -> None:
-        if token is not None:
+        if token is not None and not r.close(token):
             self._finish(token, _now(), self.store.stack().tid)
 
     def _finish(self, f: Any, t1: int, tid: int) -> None:

@@ -211,6 +211,8 @@ class Region(_core.RegionBase):
             self.domain.pop if self.nvtx else None,
             rec.enter,
             rec.exit_block,
+            self.domain.start if self.nvtx else None,
+            self.domain.end if self.nvtx else None,
         )
 
     def __call__(self, fn: F) -> F:

@@ -400,10 +400,10 @@ def test_disabled_cost_measures_both_switches() -> None:
 
 
 def test_backward_cost_reports_host_cost_per_module() -> None:
-    """backward_cost.py times the plain, forward-only and backward=True steps per module."""
+    """backward_cost.py times the plain, forward-only, backward=True and floor steps per module."""
     out = _script("backward_cost.py", 2)
     rows = [line.split()[0] for line in out.stdout.splitlines()[1:]]
-    assert rows == ["plain", "forward", "backward"]
+    assert rows == ["plain", "forward", "backward", "floor"]
     assert "us per module per step" in out.stdout
 
 

@@ -74,24 +74,34 @@ class _Bench:
         return self.core.new_stream(key, gpu.stream(key), None, lambda: FakeEvent(gpu, key[1]))
 
     def region(self, store: Any, name: str, fast: bool = True) -> Any:
-        """A region of this core with general hooks that only count (fast=False: always)."""
+        """A region of this core with general hooks that only count (fast=False: always), and
+        NVTX ranges of detached calls that note ("start", attrs) and ("end", range id) in
+        ``ranges``."""
         core = self.core
 
         class R(core.RegionBase):  # type: ignore[misc, name-defined]
-            __slots__ = ("calls", "name")
+            __slots__ = ("calls", "name", "ranges")
 
         r = R()
         r.name = name
         r.calls = []
+        r.ranges = []
+
+        def start(attrs: Any) -> int:
+            r.ranges.append(("start", attrs))
+            return len(r.ranges)
+
         r.bind(
             store,
             fast,
             name,
             None,
-            None,
+            name + ":attrs",
             None,
             lambda region: region.calls.append("enter"),
             lambda region, clean: region.calls.append("exit"),
+            start,
+            lambda rid: r.ranges.append(("end", rid)),
         )
         return r
 
@@ -199,10 +209,22 @@ def _scenario(b: _Bench) -> dict[str, Any]:
     gpu.run(150.0)  # past the anchor hop: placement moves its anchor
     with outer:
         gpu.run(1.0)
+    # Detached calls (backward rows): closed out of order, one of them on another thread.
+    row = b.region(store, "row")
+    first = row.open_at(b.child(-1, "rows"), store.gen)
+    gpu.run(2.5)
+    second = row.open_at(b.child(b.child(-1, "rows"), "inner"), store.gen)
+    gpu.run(0.75)
+    assert row.close(first) and not row.close(first)
+    done: list[bool] = []
+    thread = threading.Thread(target=lambda: done.append(row.close(second)))
+    thread.start()
+    thread.join()
     left = core.drain(1.0)
     out = _canon(store.snapshot(series=True, trace=True), b.paths, rec.ref_ns)
     out.update(held=held, left=left, pending=store.pending(), anchor_is_ref=rec.anchor_is_ref)
-    out["general"] = (outer.calls, inner.calls)
+    out["general"] = (outer.calls, inner.calls, row.calls)
+    out["detached"] = (done, row.ranges, first.kind, second.start)
     return out
 
 
@@ -231,7 +253,7 @@ def test_both_cores_give_the_same_results() -> None:
     python, c = results
     assert python == c
     # held: the held region, and the last two ends recorded at the instant the GPU was held
-    assert python["held"] == 3 and python["left"] == 0 and python["general"] == ([], [])
+    assert python["held"] == 3 and python["left"] == 0 and python["general"] == ([], [], [])
     assert python["anchor_is_ref"] is False
     assert python["dropped"] == (4,) and python["kept"] == (2, 3, 4)
 
@@ -244,7 +266,11 @@ def test_scenario_results_are_what_the_fake_gpu_ran(bench: _Bench) -> None:
     assert stats[("outer/inner", 0)][2][2:4] == (0.5, 1.0)  # GPU min and max
     assert stats[("sides", 0)][2][3] == pytest.approx(9.0)  # the latest end, on stream 7
     assert stats[("host", -1)][:2] == (8, 1)  # 7 timed + 1 counted; one skipped
-    assert [t[0] for t in got["trace"]][-2:] == ["sides", "outer"]
+    assert [t[0] for t in got["trace"]][-4:] == ["sides", "outer", "rows", "rows/inner"]
+    # detached calls: the first closed before the second, the second on another thread
+    assert stats[("rows", 0)][2][3] == pytest.approx(3.25)
+    assert stats[("rows/inner", 0)][2][3] == pytest.approx(0.75)
+    assert got["detached"][0] == [True]
 
 
 def test_fast_path_falls_back_to_the_general_hooks(bench: _Bench) -> None:
@@ -265,6 +291,53 @@ def test_fast_path_falls_back_to_the_general_hooks(bench: _Bench) -> None:
         pass
     assert slow.calls == ["enter", "exit"] and fast.calls == ["enter", "exit"] * 2
     assert store.snapshot().stats == []
+
+
+def test_detached_calls_are_timed_on_no_stack(bench: _Bench) -> None:
+    """open_at/close time a call on no stack, with its NVTX range, in one core call each."""
+    core, gpu = bench.core, bench.gpu
+    bench.stream()
+    store = core.Store(2, 8, 100, bench.child)
+    row = bench.region(store, "row")
+    slot = bench.child(-1, "row")
+    gpu.run(1.0)
+    frame = row.open_at(slot, store.gen)
+    assert (frame.kind, frame.slot, frame.range_id) == (core.TIMED, slot, 1)
+    assert len(store.stack()) == 0  # on no stack
+    gpu.run(4.0)
+    assert row.close(frame) is True
+    assert frame.kind == core.OFF and not row.close(frame)  # a second close does nothing
+    assert core.drain(1.0) == 0
+    (stats,) = store.snapshot(trace=True).stats
+    assert (stats.slot, stats.calls, stats.gpu.min) == (slot, 1, pytest.approx(4.0))
+    assert row.ranges == [("start", "row:attrs"), ("end", 1)] and row.calls == []
+    assert store.snapshot(trace=True).trace[0].tid == threading.get_ident()
+
+
+def test_detached_calls_leave_the_uncommon_cases_to_the_caller(bench: _Bench) -> None:
+    """open_at returns None and close False, doing nothing, where the general path must run."""
+    core, gpu = bench.core, bench.gpu
+    bench.stream()
+    store = core.Store(0, 0, 100, bench.child)
+    slow, row = bench.region(store, "slow", fast=False), bench.region(store, "row")
+    assert slow.open_at(0, store.gen) is None
+    store.enabled = False
+    assert row.open_at(0, store.gen) is None
+    store.enabled = True
+    side = gpu.new_stream()
+    bench.stream(FakeGPU.key(side))
+    before = gpu.records
+    with gpu.use(side):
+        assert row.open_at(0, store.gen) is None  # a side stream: maybe capturing
+    frame = row.open_at(0, store.gen)
+    with gpu.use(side):
+        assert row.close(frame) is False  # the stream changed: the general path's
+    assert frame.kind == core.TIMED and not slow.close(frame)  # another region's frame
+    assert not row.close(core.Frame(row, 0, store.gen, core.HOST))
+    with pytest.raises(TypeError, match="Frame"):
+        row.close("frame")
+    assert row.close(frame) and slow.ranges == [] and gpu.records - before == 2
+    assert [r[0] for r in row.ranges] == ["start", "end"] and row.calls == slow.calls == []
 
 
 def test_stack_frames_have_named_fields(bench: _Bench) -> None:
