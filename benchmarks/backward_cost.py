@@ -195,8 +195,9 @@ def _measure(model: nn.Module, step: Step, device: str, steps: int, rounds: int)
     for _ in range(3):
         step(contextlib.nullcontext)  # warm up: allocator, kernels, autotuning
     # Each round times plain, forward, backward and the floor (a do-nothing Python pre-hook
-    # where backward=True puts its hook, without cudatimer) in a rotated order and plain once more at
-    # its end; a variant's ratio is taken against the mean of its own round's two plain blocks.
+    # where backward=True puts its hook, without cudatimer) in a rotated order and plain once
+    # more at its end; a variant's ratio is taken against the mean of its own round's two
+    # plain blocks.
     # On the H200 machine the plain step moved between 21.9 and 24.5 ms from one block to the
     # next (one run, 5 rounds): ratios of medians taken across rounds read 1.15x where the
     # same code had read 1.02x on a quieter machine.

@@ -1099,7 +1099,6 @@ class RegionBase:
                 _repair(stack, self, -1, own if own is not None else _innermost(stack, self))
             raise
 
-
     # Detached calls (frames on no stack, opened at a slot the caller names: backward rows).
 
     def open_at(self, slot: int, gen: int) -> Frame | None:
@@ -1140,8 +1139,18 @@ class RegionBase:
         frame.kind = OFF
         try:
             end = rec.take()
-            rec.push(store, frame.slot, frame.gen, start, end, (), frame.t0_ns, t1, store.step,
-                     store.stack().tid)
+            rec.push(
+                store,
+                frame.slot,
+                frame.gen,
+                start,
+                end,
+                (),
+                frame.t0_ns,
+                t1,
+                store.step,
+                store.stack().tid,
+            )
         finally:
             if rid is not None and self._end is not None:
                 self._end(rid)
