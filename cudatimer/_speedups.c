@@ -3001,6 +3001,29 @@ region_unbound(void)
     return NULL;
 }
 
+/* The record of the current device's default stream where a call of r takes the common case
+ * (the fast path on, the store enabled, CUDA in use, that stream current and seen before):
+ * 1 and *rec (a new reference); 0 where it does not (a side stream, maybe capturing, or a
+ * stream not seen yet); -1 with the stream getter's exception. */
+static inline int
+common_case(RegionObj *r, StoreObj *store, RecObj **rec)
+{
+    if (!r->fast || !store->enabled || !g_usable) {
+        return 0;
+    }
+    SKey k;
+    int c = current_key(&k);
+    if (c <= 0) {
+        return c;
+    }
+    if (k.sid != 0 || k.type != 1 || k.dev < 0 || k.dev >= MAX_DEVICES
+        || g_defaults[k.dev] == NULL) {
+        return 0;
+    }
+    *rec = (RecObj *)Py_NewRef(g_defaults[k.dev]);
+    return 1;
+}
+
 static PyObject *
 region_enter(RegionObj *r, PyObject *unused)
 {
@@ -3009,19 +3032,14 @@ region_enter(RegionObj *r, PyObject *unused)
     if (store == NULL) {
         return region_unbound();
     }
-    if (!r->fast || !store->enabled || !g_usable) {
-        goto slow;
-    }
-    SKey k;
-    int c = current_key(&k);
+    RecObj *rec = NULL;
+    int c = common_case(r, store, &rec);
     if (c < 0) {
         return NULL;
     }
-    if (c == 0 || k.sid != 0 || k.type != 1 || k.dev < 0 || k.dev >= MAX_DEVICES
-        || g_defaults[k.dev] == NULL) {
-        goto slow; /* a side stream (maybe capturing), or a stream not seen yet */
+    if (c == 0) {
+        goto slow;
     }
-    RecObj *rec = (RecObj *)Py_NewRef(g_defaults[k.dev]);
     Py_INCREF(store);
     StackObj *st = store_stack(store);
     if (st == NULL) {
@@ -3324,19 +3342,11 @@ region_open_at(RegionObj *r, PyObject *const *args, Py_ssize_t nargs)
     if (gen == -1 && PyErr_Occurred()) {
         return NULL;
     }
-    if (!r->fast || !store->enabled || !g_usable) {
-        Py_RETURN_NONE;
+    RecObj *rec = NULL;
+    int c = common_case(r, store, &rec);
+    if (c <= 0) {
+        return c < 0 ? NULL : Py_NewRef(Py_None);
     }
-    SKey k;
-    int c = current_key(&k);
-    if (c < 0) {
-        return NULL;
-    }
-    if (c == 0 || k.sid != 0 || k.type != 1 || k.dev < 0 || k.dev >= MAX_DEVICES
-        || g_defaults[k.dev] == NULL) {
-        Py_RETURN_NONE;
-    }
-    RecObj *rec = (RecObj *)Py_NewRef(g_defaults[k.dev]);
     PyObject *rid = NULL;
     if (r->start != NULL) {
         PyObject *fn = Py_NewRef(r->start);
