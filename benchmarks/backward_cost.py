@@ -142,8 +142,9 @@ def _output_tensor(out: Any) -> torch.Tensor | None:
 @contextlib.contextmanager
 def _bare_hooks(model: nn.Module) -> Any:
     """The floor of the mechanism without cudatimer: each module's forward wrapped to put one
-    do-nothing Python pre-hook on the node that made its output (nested modules returning one
-    tensor share it), as ``instrument(backward=True)`` does; nothing timed, no region."""
+    do-nothing Python pre-hook on the node that made its output (its first output tensor with
+    a node; nested modules returning one tensor share it), as ``instrument(backward=True)``
+    puts one per module; nothing timed, no region."""
     last = [-1]
 
     def nothing(grad_outputs: Any) -> None:

@@ -992,11 +992,8 @@ class RegionBase:
     def __enter__(self) -> Any:
         store = self._store
         stack = store._local.stack if _get_running_loop() is None else store.stack()
-        if not (self._fast and store.enabled and _usable):
-            return self._general_enter(stack)
-        key = _getter(-1)  # type: ignore[misc]
-        rec = _defaults.get(key[1]) if key[0] == 0 else None
-        if rec is None:  # a side stream (maybe capturing), or a stream not seen yet
+        rec = self._common_rec()
+        if rec is None:
             return self._general_enter(stack)
         if stack:
             top = stack[-1]
@@ -1035,6 +1032,16 @@ class RegionBase:
                 self._pop()  # type: ignore[misc]
             raise
         return self
+
+    def _common_rec(self) -> StreamRec | None:
+        """The record of the current device's default stream where a call of this region
+        takes the common case (the fast path on, the store enabled, CUDA in use, that stream
+        current and seen before); None where it does not: a side stream (maybe capturing), or
+        a stream not seen yet. (The C core's ``common_case``.)"""
+        if not (self._fast and self._store.enabled and _usable):
+            return None
+        key = _getter(-1)  # type: ignore[misc]
+        return _defaults.get(key[1]) if key[0] == 0 else None
 
     def _general_enter(self, stack: Stack) -> Any:
         depth = len(stack)
@@ -1105,11 +1112,7 @@ class RegionBase:
         """A detached call at ``slot`` in the common case: a TIMED frame on no stack, its
         start recorded on the current device's default stream now, its NVTX range started;
         None, with nothing done, where ``__enter__`` would take the general hook."""
-        store = self._store
-        if not (self._fast and store.enabled and _usable):
-            return None
-        key = _getter(-1)  # type: ignore[misc]
-        rec = _defaults.get(key[1]) if key[0] == 0 else None
+        rec = self._common_rec()
         if rec is None:
             return None
         rid = self._start(self._attrs) if self._start is not None else None

@@ -6,7 +6,7 @@ GPU times come from the fake GPU (tests/fake_cuda.py); the real one is in tests/
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -420,21 +420,27 @@ def test_backward_regions_do_nothing_under_cudatimer_disable() -> None:
     assert out.stdout.strip() == "() [2.0, 2.0]"
 
 
-class _Raise(torch.autograd.Function):
-    """Identity whose backward raises."""
+class _OnBackward(torch.autograd.Function):
+    """Identity whose backward calls ``action()`` first (to raise, or to reset a Timer)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, action: Callable[[], None]) -> torch.Tensor:
+        ctx.action = action
         return x * 1.0
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError("backward failed on purpose")
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        ctx.action()
+        return grad, None
+
+
+def _fail() -> None:
+    raise RuntimeError("backward failed on purpose")
 
 
 class Failing(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = _Raise.apply(x)
+        out: torch.Tensor = _OnBackward.apply(x, _fail)
         return out
 
 
@@ -466,20 +472,9 @@ def test_a_reset_inside_the_pass_drops_that_pass_s_rows(gpu: FakeGPU) -> None:
     """reset() while a pass runs: no row of that pass is reported (each began before
     it), and the next pass is recorded in full."""
     t = Timer(name="reset-in-pass")
-
-    class Reset(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-            return x * 1.0
-
-        @staticmethod
-        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-            t.reset()
-            return grad
-
     model = Model(gpu)
     with cudatimer.instrument(model, backward=True, timer=t):
-        model(Reset.apply(X.clone().requires_grad_())).sum().backward()
+        model(_OnBackward.apply(X.clone().requires_grad_(), t.reset)).sum().backward()
         assert backward_rows(t) == {}
         model(X).sum().backward()
     assert backward_rows(t) == dict.fromkeys(ROWS, 1)
