@@ -191,6 +191,69 @@ _ENTER, _EXIT, REASON = _define()
 #: True when regions inside compiled code are timed (else ``REASON`` says why not).
 SUPPORTED: bool = _ENTER is not None
 
+# Inductor's generated Python calls a fallback op as ``torch.ops.cudatimer.enter.one(key, t)``:
+# an OpOverload call, the dispatcher (schema checks, dispatch keys, IValues there and back) and
+# then the Python kernel. Only the kernel's work is needed when the compiled code runs, so a
+# lowering of each mark keeps Inductor's node (its order, its dependencies, its effect token)
+# and makes the line it writes call the kernel straight, under these two names. The hop cost
+# 3.6 us a mark on the H200 host, 1.6 us on the CPU machine (see RESULTS.md, section C).
+# The C++ wrapper (``cpp_wrapper``), AOTInductor and the FX wrapper keep calling the op.
+_KERNEL_NAMES = {"enter": "run_enter", "exit": "run_exit"}
+if SUPPORTED:
+    for _name, _body in (("enter", _enter_body), ("exit", _exit_body)):
+        # Set even where no lowering is registered: code Inductor cached on disk by a process
+        # that had the lowering calls these names.
+        setattr(torch.ops.cudatimer, _KERNEL_NAMES[_name], _body)
+_lowered = False
+# CUDATIMER_COMPILE_DIRECT=0 keeps the marks dispatcher calls (the lowering uses Inductor's
+# internals; this is the way around it, should a torch change them).
+_DIRECT = env_flag("CUDATIMER_COMPILE_DIRECT", default=True)
+
+
+def _python_call(graph: Any) -> bool:
+    """Whether the graph being lowered writes its calls in Python (the default wrapper)."""
+    return not getattr(graph, "cpp_wrapper", True) and not getattr(graph, "fx_wrapper", False)
+
+
+def _install_lowering() -> bool:
+    """Register the marks' lowering with Inductor, once, if Inductor is loaded (it is by the
+    time Dynamo traces for it: ``torch.compile`` imports the package); False where this
+    torch's Inductor lacks what the lowering uses (the marks then stay dispatcher calls)."""
+    global _lowered
+    if _lowered or not SUPPORTED or not _DIRECT:
+        return _lowered
+    if "torch._inductor" not in sys.modules:  # no Inductor in this process yet
+        return False
+    try:
+        # Not loaded yet at trace time, in some processes: Inductor loads it when it lowers.
+        from torch._inductor import ir, lowering
+        from torch._inductor.virtualized import V
+
+        register = lowering.register_lowering
+        fallback = ir.FallbackKernel
+        for name, ops in (("enter", _ENTER), ("exit", _EXIT)):
+            assert ops is not None
+            target = f"torch.ops.cudatimer.{_KERNEL_NAMES[name]}"
+            for op in ops:
+                if op in lowering.lowerings:
+                    continue
+
+                def lower(*args: Any, _op: Any = op, _target: str = target, **kw: Any) -> Any:
+                    graph = V.graph
+                    first = len(graph.operations)
+                    out = fallback.create(_op, *args, **kw)
+                    if _python_call(graph):
+                        for node in graph.operations[first:]:
+                            if isinstance(node, fallback) and node.op_overload is _op:
+                                node.python_kernel_name = _target
+                    return out
+
+                register(op, type_promotion_kind=None)(lower)
+    except Exception:  # another Inductor: the marks stay dispatcher calls
+        return False
+    _lowered = True
+    return True
+
 
 def tensors_in(
     obj: Any,
@@ -223,6 +286,7 @@ def _any(t: torch.Tensor, found: list[torch.Tensor]) -> bool:
 def _mark(ops: Any, key: int, deps: list[torch.Tensor]) -> None:
     """Put the mark ``ops`` (``_ENTER`` or ``_EXIT``) for ``key`` into the traced graph, by the
     overload for the number of ``deps`` (a constant while Dynamo traces: one branch is kept)."""
+    _lowering()
     n = len(deps)
     if n == 0:
         ops[0](key)
@@ -257,6 +321,13 @@ def _constant(fn: _F) -> _F:
     return fn
 
 
+@_constant
+def _lowering() -> int:
+    """Run for real while Dynamo traces a mark (folded to a constant): the lowering is in
+    place before Inductor lowers the graph."""
+    return int(_install_lowering())
+
+
 class _Marks:
     """A region as Dynamo sees it inside a ``with`` block: the two marks, nothing else."""
 
@@ -264,11 +335,11 @@ class _Marks:
         self.key = key
 
     def __enter__(self) -> _Marks:
-        _ENTER[0](self.key)
+        _mark(_ENTER, self.key, [])
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _EXIT[0](self.key)
+        _mark(_EXIT, self.key, [])
 
 
 @_constant

@@ -327,22 +327,34 @@ def test_inductor_keeps_a_decorated_call_between_its_marks() -> None:
     x, w = torch.randn(32, 32), torch.randn(32, 32)
     out, codes = run_and_get_code(torch.compile(fn, fullgraph=True), x, w)
     torch.testing.assert_close(out, (x @ w).sin().cos() @ w)
-    order = _order_in(codes[0], ["cudatimer.enter", "cudatimer.exit", "cpp_fused", "mm("])
+    order = _order_in(codes[0], ["cudatimer.run_enter", "cudatimer.run_exit", "cpp_fused", "mm("])
     # The matmul before "first" runs before its enter mark; sin and cos fused into one kernel,
     # which runs inside "first" (the exit mark of "first" needs its output); the last matmul
     # runs between the marks of "third".
     assert order == [
         "mm(",
-        "cudatimer.enter",
+        "cudatimer.run_enter",
         "cpp_fused",
-        "cudatimer.exit",
-        "cudatimer.enter",
-        "cudatimer.exit",
-        "cudatimer.enter",
+        "cudatimer.run_exit",
+        "cudatimer.run_enter",
+        "cudatimer.run_exit",
+        "cudatimer.run_enter",
         "mm(",
-        "cudatimer.exit",
+        "cudatimer.run_exit",
     ]
     assert calls(t) == {"first": 1, "second": 1, "third": 1}
+
+
+def _overload_of(call: str) -> str:
+    """``enter(3, buf1)`` -> ``enter.one``: the overload a mark's arguments after its key
+    choose (none, one or two tensors, or the list)."""
+    name, args = call.split("(", 1)
+    rest = args.rstrip().removesuffix(")").split(",", 1)[1:]
+    if not rest:
+        return f"{name}.none"
+    if rest[0].strip().startswith("["):
+        return f"{name}.default"
+    return f"{name}.{('one', 'two')[rest[0].count(',')]}"
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
@@ -379,9 +391,11 @@ def test_marks_take_the_overload_for_their_count_of_tensors(backend: str) -> Non
     if backend == "inductor":
         out, codes = run_and_get_code(compiled, *args)
         body = codes[0][codes[0].index("def call(") :]
+        # Inductor's lines call the kernels straight (run_enter/run_exit, no dispatcher):
+        # the overload shows in the arguments after the key.
         used = sorted(
             {
-                line.split("torch.ops.cudatimer.")[1].split("(")[0]
+                _overload_of(line.split("torch.ops.cudatimer.run_")[1])
                 for line in body.splitlines()
                 if "torch.ops.cudatimer." in line
             }
@@ -509,3 +523,81 @@ def test_torch_marks_constant_functions_as_cudatimer_does() -> None:
 
     marked = torch.compiler.assume_constant_result(probe)
     assert marked is probe and getattr(probe, "_dynamo_marked_constant", None) is True
+
+
+def test_inductor_calls_the_marks_kernels_without_the_dispatcher() -> None:
+    """Inductor's Python code calls the marks' kernels straight (torch.profiler sees no
+    cudatimer op dispatched) and every region is still timed per call, in order."""
+    from torch.profiler import ProfilerActivity, profile
+
+    t = Timer(name="no-dispatch")
+
+    @t.timed("inner")
+    def inner(x: torch.Tensor) -> torch.Tensor:
+        return x.sin() @ x
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        with t.region("block"):
+            y = inner(x)
+        return inner(y)
+
+    compiled = torch.compile(fn, backend="inductor", fullgraph=True)
+    x = torch.randn(8, 8)
+    compiled(x)  # compiles
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = compiled(x)
+    torch.testing.assert_close(out, fn(x))
+    dispatched = [e.name for e in prof.events() if "cudatimer" in e.name]
+    assert dispatched == []
+    assert any("mm" in e.name for e in prof.events())  # the profiler saw the compiled work
+    assert calls(t) == {"block": 3, "block/inner": 3, "inner": 3}  # fn(x) above ran eagerly
+    assert t.summary().open == 0
+
+
+def test_inductor_cpp_wrapper_keeps_calling_the_marks_through_the_dispatcher() -> None:
+    """With Inductor's C++ wrapper the marks stay dispatcher calls (it has no Python names to
+    call), and the region is timed per call as with the Python wrapper."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    t = Timer(name="cpp-wrapper")
+
+    @t.timed("inner")
+    def inner(x: torch.Tensor) -> torch.Tensor:
+        return x.sin() @ x
+
+    x = torch.randn(8, 8)
+    with inductor_config.patch(cpp_wrapper=True):
+        compiled = torch.compile(lambda x: inner(x) + 1, fullgraph=True)
+        out, codes = run_and_get_code(compiled, x)
+        compiled(x)
+    torch.testing.assert_close(out, x.sin() @ x + 1)
+    code = "\n".join(codes)
+    assert '"cudatimer::enter"' in code and '"cudatimer::exit"' in code
+    assert "run_enter" not in code
+    assert calls(t) == {"inner": 2}
+
+
+def test_compile_direct_off_keeps_the_marks_dispatcher_calls() -> None:
+    """CUDATIMER_COMPILE_DIRECT=0: Inductor's code calls the marks as ops again (the way
+    around the lowering), and the regions are timed all the same."""
+    from tests.subproc import run_python
+
+    code = """
+        import torch, cudatimer
+        from torch._inductor.utils import run_and_get_code
+        @cudatimer.cuda_timed(name="inner")
+        def inner(x):
+            return x.sin() @ x
+        compiled = torch.compile(lambda x: inner(x) + 1, fullgraph=True)
+        _, codes = run_and_get_code(compiled, torch.randn(8, 8))
+        compiled(torch.randn(8, 8))
+        print(sorted({w for w in ("cudatimer.enter.one", "cudatimer.run_enter") if w in codes[0]}))
+        print([(r.name, r.calls) for r in cudatimer.summary().regions])
+    """
+    # The on-disk cache keys on the graph, not on the lowering: off here, it is compiled anew.
+    done = run_python(
+        code, {"CUDATIMER_COMPILE_DIRECT": "0", "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["['cudatimer.enter.one']", "[('inner', 2)]"]

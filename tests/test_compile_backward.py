@@ -130,7 +130,7 @@ def _marks_and_kernels(code: str) -> list[str]:
     found = []
     for line in body.splitlines():
         line = line.strip()
-        if line.startswith("torch.ops.cudatimer.enter"):
+        if line.startswith("torch.ops.cudatimer.run_enter"):
             found.append("mark")
         elif line.startswith(("extern_kernels.", "cpp_fused")):
             found.append(line.split("(", 1)[0].removeprefix("extern_kernels."))
@@ -195,7 +195,7 @@ def test_forward_only_instrument_adds_nothing_to_the_backward_graph() -> None:
     assert backward_rows(t) == [] and "cudatimer" not in code[code.index("def call(") :]
     assert ("Net/pair/lin", 1) in rows(t)
     t, code = compile_and_step(True)
-    assert code.count("torch.ops.cudatimer.enter") == 16  # one per call (blocks.0: twice)
+    assert code.count("torch.ops.cudatimer.run_enter") == 16  # one per call (blocks.0: twice)
     assert len(backward_rows(t)) == 12
 
 
