@@ -946,8 +946,7 @@ class RegionBase:
     __slots__ = (
         "_attrs",
         "_cgen",
-        "_cparent",
-        "_cslot",
+        "_cslots",
         "_end",
         "_enter_hook",
         "_exit_hook",
@@ -985,8 +984,10 @@ class RegionBase:
         self._exit_hook = exit
         self._start = start
         self._end = end
-        self._cparent = -2
-        self._cslot = -1
+        # The slot cache: parent slot -> this region's slot, under generation _cgen. A dict,
+        # not one entry: a region shared by parents (instrument's "attn" in each block) would
+        # take the store's child() on every call (the C core keeps 32 ways).
+        self._cslots: dict[int, int] = {}
         self._cgen = -1
 
     def __enter__(self) -> Any:
@@ -1005,14 +1006,16 @@ class RegionBase:
         # The generation is read before the slot: reset() prunes the tree, then bumps it, so
         # a slot taken under a generation is in the tree that generation's samples are read by.
         gen = store._gen
-        if parent == self._cparent and gen == self._cgen:
-            slot = self._cslot
-        else:
+        if gen != self._cgen:  # a reset() since: every cached slot may be forgotten
+            self._cslots = {}
+            self._cgen = gen
+        slot = self._cslots.get(parent)
+        if slot is None:
             try:
                 slot = store.child(parent, self._rname)
             except KeyError:  # a parent forgotten by a racing reset(): the general path
                 return self._general_enter(stack)
-            self._cparent, self._cslot, self._cgen = parent, slot, gen
+            self._cslots[parent] = slot
         push = self._push
         if push is not None:
             push(self._attrs)

@@ -566,15 +566,34 @@ typedef struct StoreObj {
     PyObject *task_var; /* a ContextVar: each asyncio task's Stack, in the task's context */
 } StoreObj;
 
+/* A region shared by several parents (instrument() names a module by its attribute, so the
+ * "attn" of each of GPT-2's 12 blocks is one region under 12 parents) took the store's child()
+ * callback on every call with a one-entry cache: 0.37 us a call on the CPU machine. 32 ways,
+ * direct-mapped, keep a dozen parents with few collisions; a collision only costs that call. */
+#define SLOT_WAY_BITS 5
+#define SLOT_WAYS (1 << SLOT_WAY_BITS)
+typedef struct {
+    int64_t parent; /* INT64_MIN: empty */
+    int64_t slot;
+} SlotWay;
+
 typedef struct {
     PyObject_HEAD
     StoreObj *store;
     int fast;
     PyObject *name, *push, *attrs, *pop, *enter, *exit;
     PyObject *start, *end; /* NVTX start(attrs) -> range id and end(range id) of detached calls */
-    int64_t c_parent, c_slot; /* the slot cache: parent slot -> this region's slot */
-    int64_t c_gen;            /* ... taken under this generation of the store (reset) */
+    int64_t c_gen; /* the generation of the store (reset) the slot cache was filled under */
+    SlotWay c_ways[SLOT_WAYS]; /* the slot cache: parent slot -> this region's slot */
 } RegionObj;
+
+/* The way of the slot cache a parent slot falls in: the top bits of a Fibonacci hash (parent
+ * slots are consecutive ints; a multiplicative hash spreads them over the ways). */
+static inline int
+slot_way(int64_t parent)
+{
+    return (int)(((uint64_t)parent * UINT64_C(0x9E3779B97F4A7C15)) >> (64 - SLOT_WAY_BITS));
+}
 
 static PyTypeObject FrameType, StackType, RecType, StoreType, RegionBaseType, NullRegionType;
 
@@ -3060,7 +3079,14 @@ region_enter(RegionObj *r, PyObject *unused)
         }
         parent = top->slot;
     }
-    if (parent != r->c_parent || gen != r->c_gen) {
+    if (gen != r->c_gen) { /* a reset() since: every cached slot may be forgotten */
+        for (int i = 0; i < SLOT_WAYS; i++) {
+            r->c_ways[i].parent = INT64_MIN;
+        }
+        r->c_gen = gen;
+    }
+    SlotWay *way = &r->c_ways[slot_way(parent)];
+    if (parent != way->parent) {
         /* The cache missed (first call, or another parent): the store's child names it. */
         if (store->child == NULL) {
             PyErr_SetString(PyExc_RuntimeError, "Store is not initialised");
@@ -3084,11 +3110,10 @@ region_enter(RegionObj *r, PyObject *unused)
         if (slot == -1 && PyErr_Occurred()) {
             goto fail_st;
         }
-        r->c_parent = parent;
-        r->c_slot = slot;
-        r->c_gen = gen;
+        way->parent = parent;
+        way->slot = slot;
     }
-    int64_t slot = r->c_slot;
+    int64_t slot = way->slot;
     if (r->push != NULL && call_hook(r->push, r->attrs) < 0) {
         goto fail_st;
     }
@@ -3291,9 +3316,7 @@ region_bind(RegionObj *r, PyObject *args, PyObject *kwds)
     Py_XSETREF(r->start, start == Py_None ? NULL : Py_NewRef(start));
     Py_XSETREF(r->end, end == Py_None ? NULL : Py_NewRef(end));
     r->fast = fast;
-    r->c_parent = -2; /* as the reference: no parent slot yet */
-    r->c_slot = -1;
-    r->c_gen = -1;
+    r->c_gen = -1; /* as the reference: nothing cached (the ways are emptied at first use) */
     Py_RETURN_NONE;
 }
 

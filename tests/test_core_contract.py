@@ -406,6 +406,35 @@ def test_reset_drops_samples_entered_before_it(bench: _Bench) -> None:
     assert rec.pooled == pooled and store.step == 0
 
 
+def test_a_region_under_many_parents_asks_its_slot_once_per_parent(bench: _Bench) -> None:
+    """A region entered under 12 parents in turn (instrument's "attn" in each block) asks the
+    store's child() once per parent, not once a call; after reset() once per parent again."""
+    asked: list[tuple[int, str]] = []
+
+    def child(parent: int, name: str) -> int:
+        asked.append((parent, name))
+        return bench.child(parent, name)
+
+    store = bench.core.Store(0, 0, 10_000, child)
+    bench.stream()
+    parents = [bench.region(store, f"h.{i}") for i in range(12)]
+    attn = bench.region(store, "attn")
+    for _ in range(5):
+        for p in parents:
+            with p, attn:
+                pass
+    assert len(asked) == 24 and sorted(set(asked)) == sorted(asked)
+    bench.core.drain(1.0)
+    calls = {bench.paths[s.slot]: s.calls for s in store.snapshot().stats}
+    assert calls == {**{f"h.{i}": 5 for i in range(12)}, **{f"h.{i}/attn": 5 for i in range(12)}}
+    store.reset()
+    asked.clear()
+    for p in parents:
+        with p, attn:
+            pass
+    assert len(asked) == 24
+
+
 def test_harvest_batch_is_the_one_handed_to_the_core(bench: _Bench) -> None:
     """Pending samples are harvested every ``harvest_batch`` exits, as configured (the C core
     keeps no copy of the constant)."""
