@@ -447,3 +447,26 @@ def test_html_report_benchmark_runs_small() -> None:
     first = out.stdout.splitlines()[0]
     assert first.startswith("html report: 12 regions, 30 steps (360 step rows"), first
     assert " MB in " in first and out.stdout.splitlines()[1] == "targets met"
+
+
+def test_compile_direct_ab_runs_on_the_cpu(tmp_path: Path) -> None:
+    """compile_direct_ab.py --smoke compiles a tiny GPT-2 three ways and gives both ratios,
+    leaving the marks' lowering in place afterwards."""
+    path = tmp_path / "ab.json"
+    script = ROOT / "benchmarks" / "compile_direct_ab.py"
+    cmd = [sys.executable, str(script), "--smoke", "--rounds", "2", "--steps", "1"]
+    out = subprocess.run([*cmd, "--json", str(path)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(path.read_text())
+    assert set(got) >= {"direct_ratio", "dispatcher_ratio", "direct_vs_dispatcher"}
+    assert len(got["direct_vs_dispatcher_per_round"]) == 2
+    assert all(got[f"compile_s_{n}"] > 0 for n in ("plain", "direct", "dispatcher"))
+
+
+def test_compile_phases_says_it_needs_cuda() -> None:
+    """compile_phases.py on a machine without CUDA exits 2 and says why."""
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here: the script would run for real")
+    script = ROOT / "benchmarks" / "compile_phases.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "needs CUDA" in out.stderr
