@@ -24,8 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _workloads import GPT, GPTConfig
-from compile_targets import _step_fn, _sync, _timed_steps
+from _workloads import GPT
+from compile_targets import _step_fn, _sync, _timed_steps, workload
 
 import cudatimer
 from cudatimer import _compile
@@ -55,13 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny model: the script runs")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    device = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
-    if args.smoke:
-        cfg, batch, seq = GPTConfig(vocab=256, seq=32, layers=2, width=64, heads=4), 2, 32
-    else:
-        cfg, batch, seq = GPTConfig(), 8, 512
-    torch.manual_seed(0)
-    idx = torch.randint(0, cfg.vocab, (batch, seq), device=device)
+    device, cfg, idx = workload(args.smoke)
     steps = {}
     out: dict[str, Any] = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
     out["torch"] = torch.__version__

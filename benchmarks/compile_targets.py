@@ -104,6 +104,18 @@ def _mark_cost(device: str, n: int = 5000) -> dict[str, float]:
     return {"eager_region_us": eager, "compiled_region_us": got["marked"] - got["bare"]}
 
 
+def workload(smoke: bool) -> tuple[str, GPTConfig, torch.Tensor]:
+    """(device, model config, token batch): GPT-2-small at 8 x 512 on CUDA, or with ``smoke``
+    (or no CUDA) a 2-layer model on the CPU; the seed set first."""
+    device = "cpu" if smoke or not torch.cuda.is_available() else "cuda"
+    if smoke:
+        cfg, batch, seq = GPTConfig(vocab=256, seq=32, layers=2, width=64, heads=4), 2, 32
+    else:
+        cfg, batch, seq = GPTConfig(), 8, 512
+    torch.manual_seed(0)
+    return device, cfg, torch.randint(0, cfg.vocab, (batch, seq), device=device)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
@@ -112,18 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
 
-    device = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
-    if args.smoke:
-        cfg, batch, seq = GPTConfig(vocab=256, seq=32, layers=2, width=64, heads=4), 2, 32
-    else:
-        cfg, batch, seq = GPTConfig(), 8, 512
-    torch.manual_seed(0)
+    device, cfg, idx = workload(args.smoke)
     plain = GPT(cfg).to(device)
     timed = GPT(cfg).to(device)
     timed.load_state_dict(plain.state_dict())
     both = GPT(cfg).to(device)
     both.load_state_dict(plain.state_dict())
-    idx = torch.randint(0, cfg.vocab, (batch, seq), device=device)
     timer = cudatimer.Timer(name="compiled-gpt2")
     handle = cudatimer.instrument(timed, timer=timer)
     modules = len(handle.regions)
