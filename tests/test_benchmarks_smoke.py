@@ -470,3 +470,30 @@ def test_compile_phases_says_it_needs_cuda() -> None:
     script = ROOT / "benchmarks" / "compile_phases.py"
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "needs CUDA" in out.stderr
+
+
+def test_floors_runs_on_the_cpu_and_leaves_the_marks_and_hooks_as_they_were(
+    tmp_path: Path,
+) -> None:
+    """floors.py --smoke swaps the compiled marks' and backward hooks' bodies per variant, gives
+    every variant's ratio, and a compiled region still times after it (the swap was undone)."""
+    path = tmp_path / "floors.json"
+    script = ROOT / "benchmarks" / "floors.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--json", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr
+    got = json.loads(path.read_text())
+    assert set(got["compiled"]["ratio_median"]) == {"cudatimer", "records", "calls"}
+    assert got["compiled"]["rows_after"] == got["compiled"]["modules"] > 0
+    assert set(got["backward"]["ratio_median"]) == {
+        "hook_floor",
+        "forward",
+        "backward",
+        "backward_records",
+        "backward_calls",
+    }
+    assert all(len(v) == 2 for v in got["backward"]["ratios"].values())

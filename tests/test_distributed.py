@@ -53,6 +53,53 @@ def _nearest_rank(values: list[float], q: float) -> float:
     return ordered[max(1, math.ceil(q * len(ordered))) - 1]
 
 
+class _DDPNet(torch.nn.Module):
+    """Four layers, so DDP's small buckets all-reduce while the backward still runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(16, 64)
+        self.act = torch.nn.GELU()
+        self.b = torch.nn.Linear(64, 64)
+        self.head = torch.nn.Linear(64, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.b(self.act(self.a(x))))
+        return out
+
+
+def _ddp_backward_rows(rank: int) -> dict[str, Any]:
+    """Three steps of gradient accumulation under DDP (buckets of ~16 KB, so the all-reduce
+    runs beside the backward), plain and with ``instrument(backward=True)`` on the inner
+    model: the backward rows per module and whether the gradients are bitwise the plain run's."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    plain = _DDPNet()
+    inner = _DDPNet()
+    inner.load_state_dict(plain.state_dict())
+    t = Timer(name="ddp-backward")
+    handle = cudatimer.instrument(inner, backward=True, timer=t)
+    models = [DDP(m, bucket_cap_mb=0.016) for m in (plain, inner)]
+    gen = torch.Generator().manual_seed(100 + rank)
+    xs = [torch.randn(8, 16, generator=gen) for _ in range(3)]
+    for model in models:
+        for x in xs:
+            model(x).square().mean().backward()
+    handle.remove()
+    equal = all(
+        p.grad is not None and q.grad is not None and torch.equal(p.grad, q.grad)
+        for p, q in zip(plain.parameters(), inner.parameters(), strict=True)
+    )
+    s = t.summary()
+    rows = {name: s.get(name, clock="host") for name in handle.backward_regions.values()}
+    return {
+        "grads_equal": equal,
+        "rows": {name: r.calls if r is not None else 0 for name, r in rows.items()},
+        "names": s.names,
+    }
+
+
 # -- the job every rank runs ------------------------------------------------------------------
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -102,6 +149,9 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         # Percentiles: known samples, each rank on its own device index (cuda:r).
         local = Summary((_stats("sample", f"cuda:{rank}", _samples(rank)),))
         res["pct"] = cd.summary(local, dst=None)
+
+        # DDP: backward rows beside the bucketed all-reduce, gradients unchanged.
+        res["ddp"] = _ddp_backward_rows(rank)
 
         # A subgroup: non-members take no part in it.
         if world >= 4:
@@ -282,6 +332,26 @@ def test_missing_rank_times_out_without_hanging(
     assert "note: rank 0 only" in report and report.splitlines()[0].startswith("region")
     assert all(res[r]["late_summary"] is None for r in late)
     assert all(res[r]["late_report"] == "" for r in late)
+
+
+def test_ddp_backward_rows_leave_gradients_bitwise_unchanged(
+    job: tuple[int, Path, dict[int, dict[str, Any]]],
+) -> None:
+    """Under DDP (gloo, small buckets all-reducing during the backward, three accumulated
+    backward passes) every module has its backward row once per pass, nested under the model's
+    root, and the all-reduced gradients are bitwise those of the plain DDP model."""
+    world, _, results = job
+    for rank in range(world):
+        ddp = results[rank]["ddp"]
+        assert ddp["grads_equal"], f"rank {rank}: gradients changed"
+        assert ddp["rows"] == {
+            "_DDPNet.backward": 3,
+            "_DDPNet.backward/a": 3,
+            "_DDPNet.backward/act": 3,
+            "_DDPNet.backward/b": 3,
+            "_DDPNet.backward/head": 3,
+        }, f"rank {rank}: {ddp['rows']}"
+        assert {"_DDPNet", "_DDPNet/a", "_DDPNet/head"} <= set(ddp["names"])
 
 
 def test_subgroup_members_only(job: tuple[int, Path, dict[int, dict[str, Any]]]) -> None:
