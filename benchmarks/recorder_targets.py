@@ -222,9 +222,26 @@ def decode(args: argparse.Namespace, device: str) -> dict[str, Any]:
 
         manual_forwards.append((module, timed))
 
+    # The floors: a Python wrapper around each forward doing nothing (what any per-module
+    # wrapper costs), the same wrapper with two pre-created torch.Event records on a cached
+    # stream, and with two records as cudatimer makes them (a pooled event recorded through the
+    # recorder's stream record, raw cudaEventRecord in the C core, given back at once).
+    wrapper_forwards: list[tuple[torch.nn.Module, Any]] = []
+    for _, module in modules:
+
+        def bare(*args: Any, _f: Any = module.forward, **k: Any) -> Any:
+            return _f(*args, **k)
+
+        wrapper_forwards.append((module, bare))
     floor_forwards: list[tuple[torch.nn.Module, Any]] = []
+    core_forwards: list[tuple[torch.nn.Module, Any]] = []
     if device == "cuda":
         stream = torch.cuda.current_stream()
+        from cudatimer import _device  # (here: a --before copy of the package may lack it)
+
+        rec = _device.current_rec()
+        assert rec is not None
+        take, give = rec.take, rec.give
         for _, module in modules:
             a = torch.Event(device="cuda", enable_timing=True)
             b = torch.Event(device="cuda", enable_timing=True)
@@ -236,7 +253,20 @@ def decode(args: argparse.Namespace, device: str) -> dict[str, Any]:
                 _b.record(stream)
                 return out
 
+            def core(*args: Any, _f: Any = fwd, **k: Any) -> Any:
+                give(take())
+                out = _f(*args, **k)
+                give(take())
+                return out
+
             floor_forwards.append((module, floor))
+            core_forwards.append((module, core))
+    swapped = {
+        "manual": manual_forwards,
+        "wrapper": wrapper_forwards,
+        "torch-floor": floor_forwards,
+        "core-floor": core_forwards,
+    }
 
     state = {"mode": "none"}
     handle: list[Any] = []
@@ -250,12 +280,13 @@ def decode(args: argparse.Namespace, device: str) -> dict[str, Any]:
             module.__dict__.pop("forward", None)
         if mode == "instrument":
             handle.append(cudatimer.instrument(model, timer=t_inst))
-        elif mode in ("manual", "torch-floor"):
-            for module, forward in manual_forwards if mode == "manual" else floor_forwards:
+        elif mode in swapped:
+            for module, forward in swapped[mode]:
                 module.forward = forward
         state["mode"] = mode
 
-    modes = ("none", "instrument", "manual") + (("torch-floor",) if floor_forwards else ())
+    modes = ("none", "instrument", "manual", "wrapper")
+    modes += ("torch-floor", "core-floor") if floor_forwards else ()
     loops: dict[str, Loop] = {m: run for m in modes}
     added = paired_rounds(
         loops, args.decode_iters, args.rounds, device == "cuda", seed=7, setup=switch
@@ -272,13 +303,13 @@ def decode(args: argparse.Namespace, device: str) -> dict[str, Any]:
     inst_s, manual_s = trimmed_mean(added["instrument"]), trimmed_mean(added["manual"])
     regions = len(t_inst.summary().regions)
     floor: dict[str, float] = {}
-    if "torch-floor" in added:
-        floor_s = trimmed_mean(added["torch-floor"])
-        floor = {
-            "torch_floor_slowdown": (plain_s + floor_s) / plain_s,
-            "torch_floor_us_per_module": floor_s / len(modules) * 1e6,
-            "instrument_vs_torch_floor": inst_s / floor_s,
-        }
+    for mode in ("wrapper", "torch-floor", "core-floor"):
+        if mode in added:
+            floor_s = trimmed_mean(added[mode])
+            key = mode.replace("-", "_")
+            floor[f"{key}_slowdown"] = (plain_s + floor_s) / plain_s
+            floor[f"{key}_us_per_module"] = floor_s / len(modules) * 1e6
+            floor[f"instrument_vs_{key}"] = inst_s / floor_s
     return {
         **floor,
         "modules": len(modules),
@@ -364,8 +395,16 @@ def main() -> None:
     p.add_argument("--decode-iters", type=int, default=8)
     p.add_argument("--smoke", action="store_true", help="tiny sizes: checks that it runs")
     p.add_argument("--before", type=Path, help="a copy of the package before the redesign")
+    p.add_argument(
+        "--parts",
+        default="launch,decode,memory,pure",
+        help="which figures: launch, decode, memory, pure (comma-separated)",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts <= {"launch", "decode", "memory", "pure"}:
+        p.error(f"--parts: unknown {sorted(parts - {'launch', 'decode', 'memory', 'pure'})}")
     if args.smoke:
         args.runs, args.rounds, args.iters, args.decode_iters = 1, 3, 1, 1
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -377,13 +416,15 @@ def main() -> None:
         "torch": torch.__version__,
         "compiled": cudatimer.compiled(),
         "date": time.strftime("%Y-%m-%d"),
-        "launch": launch(args, device),
-        "decode": decode(args, device),
-        "memory": memory(args, device),
     }
-    pure = run_child(args, {"CUDATIMER_PURE_PYTHON": "1"})
-    result["pure"] = pure
-    result["pure_vs_c_per_region"] = pure["cudatimer_us"] / result["launch"]["cudatimer_us"]
+    measures = {"launch": launch, "decode": decode, "memory": memory}
+    for part in ("launch", "decode", "memory"):
+        if part in parts:
+            result[part] = measures[part](args, device)
+    if "pure" in parts and "launch" in parts:  # the pure core against this run's C core
+        pure = run_child(args, {"CUDATIMER_PURE_PYTHON": "1"})
+        result["pure"] = pure
+        result["pure_vs_c_per_region"] = pure["cudatimer_us"] / result["launch"]["cudatimer_us"]
     if args.before is not None:
         result["before"] = run_child(args, {"CUDATIMER_TREE": str(args.before.resolve())})
     args.out.mkdir(parents=True, exist_ok=True)
