@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -190,6 +191,26 @@ def _time(step: Step, device: str, steps: int) -> float:
     return (clock() - t0) / steps
 
 
+def rotated_rounds(
+    blocks: dict[str, Callable[[], float]], rounds: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Each round runs every block (one of them "plain") in an order rotated by one each round,
+    then "plain" once more; a block's ratio is its time over the mean of its round's two plain
+    blocks. Returns each block's times and each other block's ratios, round by round."""
+    names = list(blocks)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    ratios: dict[str, list[float]] = {n: [] for n in names if n != "plain"}
+    for i in range(rounds):
+        order = names[i % len(names) :] + names[: i % len(names)]
+        got = {n: blocks[n]() for n in order}
+        plain = (got["plain"] + blocks["plain"]()) / 2
+        for n in names:
+            times[n].append(got[n])
+        for n in ratios:
+            ratios[n].append(got[n] / plain)
+    return times, ratios
+
+
 def _measure(model: nn.Module, step: Step, device: str, steps: int, rounds: int) -> dict[str, Any]:
     """Interleaved rounds of the three variants, then the coverage steps."""
     timer = cudatimer.Timer(name="backward-cost")
@@ -202,8 +223,6 @@ def _measure(model: nn.Module, step: Step, device: str, steps: int, rounds: int)
     # On the H200 machine the plain step moved between 21.9 and 24.5 ms from one block to the
     # next (one run, 5 rounds): ratios of medians taken across rounds read 1.15x where the
     # same code had read 1.02x on a quieter machine.
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    ratios: dict[str, list[float]] = {v: [] for v in VARIANTS[1:]}
     modules = 0
 
     def block(variant: str) -> float:
@@ -222,14 +241,7 @@ def _measure(model: nn.Module, step: Step, device: str, steps: int, rounds: int)
         timer.reset()
         return seconds
 
-    for i in range(rounds):
-        order = VARIANTS[i % len(VARIANTS) :] + VARIANTS[: i % len(VARIANTS)]
-        got = {v: block(v) for v in order}
-        plain = (got["plain"] + block("plain")) / 2
-        for v in VARIANTS:
-            times[v].append(got[v])
-        for v in VARIANTS[1:]:
-            ratios[v].append(got[v] / plain)
+    times, ratios = rotated_rounds({v: functools.partial(block, v) for v in VARIANTS}, rounds)
     # Coverage, apart from the timings: the same step with a region around loss.backward().
     cov_timer = cudatimer.Timer(name="backward-coverage")
     with cudatimer.instrument(model, backward=True, timer=cov_timer) as handle:

@@ -55,6 +55,8 @@ from compile_targets import _step_fn, _sync, _timed_steps, workload
 import cudatimer
 from cudatimer import _backward, _compile, _core, _device
 
+PARTS = ("compiled", "backward")
+
 
 def _recorder() -> Callable[..., None]:
     """One stream operation as the recorder makes it: a pooled event recorded on the current
@@ -103,23 +105,6 @@ def _hooks_doing(body: Callable[..., None] | None) -> Iterator[None]:
         _backward._fire = fire  # type: ignore[assignment]
 
 
-def _rounds(
-    blocks: dict[str, Callable[[], float]], rounds: int
-) -> tuple[dict[str, float], dict[str, list[float]]]:
-    """Each round runs every block in a rotated order and "plain" once more at its end; a
-    block's ratio is against the mean of its round's two plain blocks. Returns the median
-    ratio of each block and the ratios per round."""
-    names = list(blocks)
-    ratios: dict[str, list[float]] = {n: [] for n in names if n != "plain"}
-    for i in range(rounds):
-        order = names[i % len(names) :] + names[: i % len(names)]
-        got = {n: blocks[n]() for n in order}
-        plain = (got["plain"] + blocks["plain"]()) / 2
-        for n in ratios:
-            ratios[n].append(got[n] / plain)
-    return {n: statistics.median(r) for n, r in ratios.items()}, ratios
-
-
 def compiled(smoke: bool, rounds: int, steps: int) -> dict[str, Any]:
     device, cfg, idx = workload(smoke)
     plain = GPT(cfg).to(device)
@@ -151,7 +136,7 @@ def compiled(smoke: bool, rounds: int, steps: int) -> dict[str, Any]:
 
         return run
 
-    medians, per = _rounds({n: block(n) for n in ("plain", *bodies)}, rounds)
+    per = backward_cost.rotated_rounds({n: block(n) for n in ("plain", *bodies)}, rounds)[1]
     # The marks do their regions' work again once the swaps are undone: one step, every row.
     timer.reset()
     step_of["timed"]()
@@ -160,7 +145,7 @@ def compiled(smoke: bool, rounds: int, steps: int) -> dict[str, Any]:
         "modules": len(handle.regions),
         "marks_per_forward": 2 * len(handle.regions),
         "rows_after": rows,
-        "ratio_median": medians,
+        "ratio_median": {n: statistics.median(r) for n, r in per.items()},
         "ratios": {n: [round(r, 4) for r in v] for n, v in per.items()},
     }
 
@@ -201,9 +186,9 @@ def backward(smoke: bool, rounds: int, steps: int) -> dict[str, Any]:
         "backward_records": lambda: instrumented(True, record),
         "backward_calls": lambda: instrumented(True, _nothing),
     }
-    medians, per = _rounds(blocks, rounds)
+    per = backward_cost.rotated_rounds(blocks, rounds)[1]
     return {
-        "ratio_median": medians,
+        "ratio_median": {n: statistics.median(r) for n, r in per.items()},
         "ratios": {n: [round(r, 4) for r in v] for n, v in per.items()},
     }
 
@@ -211,10 +196,13 @@ def backward(smoke: bool, rounds: int, steps: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--parts", default="compiled,backward")
+    ap.add_argument("--parts", default=",".join(PARTS), help="comma-separated: compiled, backward")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny models: the script runs")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    parts = args.parts.split(",")
+    if not set(parts) <= set(PARTS):
+        ap.error(f"--parts: unknown {sorted(set(parts) - set(PARTS))} (known: {', '.join(PARTS)})")
     smoke = args.smoke or not torch.cuda.is_available()
     rounds = 2 if smoke else args.rounds
     out: dict[str, Any] = {
@@ -222,14 +210,12 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "core": _core.IMPL,
     }
-    for part in args.parts.split(","):
+    for part in parts:
         t0 = time.perf_counter()
         if part == "compiled":
             out[part] = compiled(smoke, rounds, 2 if smoke else 5)
-        elif part == "backward":
-            out[part] = backward(smoke, rounds, 2 if smoke else 10)
         else:
-            raise SystemExit(f"--parts: unknown part {part!r} (compiled, backward)")
+            out[part] = backward(smoke, rounds, 2 if smoke else 10)
         out[part]["seconds"] = round(time.perf_counter() - t0, 1)
         print(part, json.dumps(out[part]["ratio_median"]), flush=True)
     print(json.dumps(out, indent=2))

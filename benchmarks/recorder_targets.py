@@ -386,6 +386,10 @@ def run_child(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     return result
 
 
+# The figures main() can measure (pure: the pure-Python core against this run's launch loop).
+PARTS = ("launch", "decode", "memory", "pure")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path("."))
@@ -396,15 +400,13 @@ def main() -> None:
     p.add_argument("--smoke", action="store_true", help="tiny sizes: checks that it runs")
     p.add_argument("--before", type=Path, help="a copy of the package before the redesign")
     p.add_argument(
-        "--parts",
-        default="launch,decode,memory,pure",
-        help="which figures: launch, decode, memory, pure (comma-separated)",
+        "--parts", default=",".join(PARTS), help=f"comma-separated, of: {', '.join(PARTS)}"
     )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     parts = set(args.parts.split(","))
-    if not parts <= {"launch", "decode", "memory", "pure"}:
-        p.error(f"--parts: unknown {sorted(parts - {'launch', 'decode', 'memory', 'pure'})}")
+    if not parts <= set(PARTS):
+        p.error(f"--parts: unknown {sorted(parts - set(PARTS))}")
     if args.smoke:
         args.runs, args.rounds, args.iters, args.decode_iters = 1, 3, 1, 1
     device = "cuda" if torch.cuda.is_available() else "cpu"
