@@ -28,7 +28,7 @@ from _workloads import GPT
 from compile_targets import _step_fn, _sync, _timed_steps, workload
 
 import cudatimer
-from cudatimer import _compile
+from cudatimer.sources import _compile
 
 
 def _without_lowering() -> dict[Any, Any]:

@@ -53,7 +53,8 @@ from _workloads import GPT
 from compile_targets import _step_fn, _sync, _timed_steps, workload
 
 import cudatimer
-from cudatimer import _backward, _compile, _core, _device
+from cudatimer.core import _core, _device
+from cudatimer.sources import _backward, _compile
 
 PARTS = ("compiled", "backward")
 

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import cudatimer
-from cudatimer import _capture
+from cudatimer.sources import _capture
 
 
 def _graph(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph:

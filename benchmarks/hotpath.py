@@ -46,7 +46,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cudatimer
-from cudatimer import _core, _device
+from cudatimer.core import _core, _device
 
 
 def build(device: str, workload: str) -> tuple[list[torch.nn.Module], torch.Tensor]:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 import cudatimer
-from cudatimer import _compile
+from cudatimer.sources import _compile
 
 
 def _build(n: int, kind: str, timer: cudatimer.Timer) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -237,7 +237,7 @@ def decode(args: argparse.Namespace, device: str) -> dict[str, Any]:
     core_forwards: list[tuple[torch.nn.Module, Any]] = []
     if device == "cuda":
         stream = torch.cuda.current_stream()
-        from cudatimer import _device  # (here: a --before copy of the package may lack it)
+        from cudatimer.core import _device  # (here: a --before copy of the package may lack it)
 
         rec = _device.current_rec()
         assert rec is not None

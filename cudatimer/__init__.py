@@ -18,16 +18,18 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from . import _exit, _timer
-from ._export import load
-from ._feed import StepFeed, StepTimes
-from ._graphs import timed_replay
-from ._hist import ALPHA, Histogram
-from ._instrument import Instrumented, instrument
-from ._nsight import nsight_capture
-from ._records import SCHEMA_VERSION, RegionStats, StepStats, Summary, SyncSite, TraceSample
-from ._syncs import SyncDetection, detect_syncs
-from ._timer import Region, Timer
+from ._version import __version__ as __version__
+from .features import _exit
+from .features._feed import StepFeed, StepTimes
+from .features._graphs import timed_replay
+from .features._instrument import Instrumented, instrument
+from .features._nsight import nsight_capture
+from .features._syncs import SyncDetection, detect_syncs
+from .records._hist import ALPHA, Histogram
+from .records._records import SCHEMA_VERSION, RegionStats, StepStats, Summary, SyncSite, TraceSample
+from .regions import _timer
+from .regions._timer import Region, Timer, default_timer
+from .render._export import load
 
 if TYPE_CHECKING:
     from .distributed import RankSummary
@@ -72,14 +74,7 @@ __all__ = [
     "to_csv",
     "to_dataframe",
 ]
-__version__ = "0.1.0"
-
-_DEFAULT = Timer()
-
-
-def default_timer() -> Timer:
-    """The Timer behind the module-level functions."""
-    return _DEFAULT
+_DEFAULT = default_timer()
 
 
 #: A region of the default Timer: ``with cuda_region("fwd"):`` or ``@cuda_region("fwd")``,
@@ -174,7 +169,7 @@ def is_enabled() -> bool:
 
 
 def compiled() -> bool:
-    """True when the recorder runs its C core (``cudatimer._speedups``, built at install where
+    """True when the recorder runs its C core (``cudatimer.core._speedups``, built at install where
     a C compiler is present; it records events through the CUDA runtime torch loaded); False
     means its Python reference runs (not built, or ``CUDATIMER_PURE_PYTHON=1``).
 

@@ -26,11 +26,11 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ._export import RANKS_FORMAT, WHATS, load, read_json, summary_from_dict, to_csv
-from ._ranks import RankSummary
-from ._records import Summary
-from ._report import COLUMNS, COMPARE_STATS, SORTS, VIEWS, render, render_compare
-from ._timer import core_line
+from .records._ranks import RankSummary
+from .records._records import Summary
+from .regions._timer import core_line
+from .render._export import RANKS_FORMAT, WHATS, load, read_json, summary_from_dict, to_csv
+from .render._report import COLUMNS, COMPARE_STATS, SORTS, VIEWS, render, render_compare
 
 __all__ = ["EXIT_BROKEN_PIPE", "main"]
 
@@ -124,7 +124,7 @@ class _Version(argparse.Action):
 def _version() -> str:
     import torch
 
-    from . import __version__
+    from ._version import __version__
 
     return f"cudatimer {__version__} (torch {torch.__version__}; {core_line()})"
 
@@ -161,7 +161,7 @@ def _check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
                 raise ValueError(
                     f"give one run, or two to compare (BASE NEW); got {len(args.runs)} files"
                 )
-            from ._html import render_html
+            from .render._html import render_html
 
             render_html(empty, base=empty, top=args.top, title=args.title, tolerance=args.tolerance)
     except (TypeError, ValueError) as exc:
@@ -204,13 +204,13 @@ def _run(args: argparse.Namespace) -> str:
     if args.command == "show":
         return _show(summary, args)
     if args.command == "trace":
-        from ._trace import write_chrome
+        from .render._trace import write_chrome
 
         out = args.output or f"{_stem(args.run)}.trace.json"
         write_chrome(summary, out)
         return f"wrote {out} ({len(summary.trace)} calls); open it in https://ui.perfetto.dev"
     if args.command == "plot":
-        from ._plot import plot
+        from .render._plot import plot
 
         out = args.output or f"{_stem(args.run)}.png"
         plot(summary, out, top=args.top)
@@ -237,7 +237,7 @@ def _load_run(path: str) -> Summary | RankSummary:
 
 
 def _html(args: argparse.Namespace) -> str:
-    from ._html import write_html
+    from .render._html import write_html
 
     options = {"top": args.top, "title": args.title}
     if len(args.runs) == 1:

@@ -28,7 +28,7 @@ def env_flag(name: str, *, default: bool) -> bool:
 DISABLED_AT_IMPORT: bool = env_flag("CUDATIMER_DISABLE", default=False)
 
 #: ``CUDATIMER_PURE_PYTHON=1`` runs the recorder's pure-Python core (``_core_py``) even where
-#: the C core (``cudatimer._speedups``) was built: every event goes through torch's own
+#: the C core (``cudatimer.core._speedups``) was built: every event goes through torch's own
 #: ``record``/``elapsed_time``. Read once, when ``_core`` picks the core. For debugging and for
 #: measuring what the C core saves.
 PURE_PYTHON: bool = env_flag("CUDATIMER_PURE_PYTHON", default=False)

@@ -50,12 +50,12 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ._export import FORMAT as SUMMARY_FORMAT
-from ._export import RANKS_FORMAT, summary_from_dict, summary_to_dict
-from ._export import save as save_summary
-from ._ranks import RankedRegion, RankSummary, clock_kind
-from ._records import Summary
-from ._timer import Timer
+from .records._ranks import RankedRegion, RankSummary, clock_kind
+from .records._records import Summary
+from .regions._timer import Timer
+from .render._export import FORMAT as SUMMARY_FORMAT
+from .render._export import RANKS_FORMAT, summary_from_dict, summary_to_dict
+from .render._export import save as save_summary
 
 __all__ = [
     "RankExchangeError",
@@ -86,7 +86,7 @@ class RankExchangeError(RuntimeError):
 
 # -- the local side ---------------------------------------------------------------------------
 def _default_timer() -> Timer:
-    from . import default_timer
+    from .regions._timer import default_timer
 
     return default_timer()
 
@@ -361,7 +361,7 @@ def report(
     ``rank_timeout_s``) it warns and prints this rank's own table. Without a process group it
     prints the ordinary local table.
     """
-    from ._report import SORTS, emit, render, render_ranks
+    from .render._report import SORTS, emit, render, render_ranks
 
     emit("", file=file, logger=logger, level=level, check_only=True)
     _check(dst, rank_timeout_s, transport)
@@ -501,7 +501,7 @@ def load_ranks(path: str | os.PathLike[str]) -> RankSummary:
 # -- command line -----------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m cudatimer.distributed show|merge FILE...``: the cross-rank table, offline."""
-    from ._report import render_ranks
+    from .render._report import render_ranks
 
     parser = argparse.ArgumentParser(
         prog="python -m cudatimer.distributed",

@@ -31,8 +31,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from ._feed import Sink, StepFeed, StepTimes
-from ._timer import Region, Timer, _check_name
+from .features._feed import Sink, StepFeed, StepTimes
+from .regions._timer import Region, Timer, check_name
 
 __all__ = ["PHASES", "CudaTimerCallback", "attach"]
 
@@ -65,7 +65,7 @@ class CudaTimerCallback(TrainerCallback):  # type: ignore[misc]
         flush_timeout_s: float = 60.0,
     ) -> None:
         if timer is None:
-            from . import default_timer
+            from .regions._timer import default_timer
 
             timer = default_timer()
         if not isinstance(log, bool):
@@ -75,7 +75,7 @@ class CudaTimerCallback(TrainerCallback):  # type: ignore[misc]
         if not (isinstance(names, tuple) and len(names) == 3):
             raise TypeError(f"names must be a tuple of 3 region names, got {names!r}")
         for name in names:
-            _check_name(name, "each of names")
+            check_name(name, "each of names")
         if isinstance(flush_timeout_s, bool) or not isinstance(flush_timeout_s, (int, float)):
             raise TypeError(
                 f"flush_timeout_s must be a number of seconds, got {type(flush_timeout_s).__name__}"

@@ -35,8 +35,8 @@ except ImportError:  # the older package name; Trainer checks the base class of 
     from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
     from pytorch_lightning.profilers import Profiler, SimpleProfiler  # type: ignore[assignment]
 
-from ._feed import Sink, StepFeed, StepTimes
-from ._timer import Region, Timer
+from .features._feed import Sink, StepFeed, StepTimes
+from .regions._timer import Region, Timer
 
 __all__ = ["STEP_ACTION", "CudaTimerCallback", "CudaTimerProfiler"]
 
@@ -45,7 +45,7 @@ STEP_ACTION = "run_training_batch"
 
 
 def _default_timer() -> Timer:
-    from . import default_timer
+    from .regions._timer import default_timer
 
     return default_timer()
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._feed import Sink, StepTimes
+from .features._feed import Sink, StepTimes
 
 __all__ = ["Sink", "StepTimes", "tensorboard", "wandb"]
 

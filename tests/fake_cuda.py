@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from cudatimer import _device
+from cudatimer.core import _device
 
 
 class FakeEvent:
@@ -64,7 +64,7 @@ class FakeEvent:
 
 class FakeGPU:
     """Streams, devices and a virtual GPU clock; install() plugs it into cudatimer's device
-    seam (``cudatimer._device.use``), as a ``_device.Device``."""
+    seam (``cudatimer.core._device.use``), as a ``_device.Device``."""
 
     native = False  # not torch's stream getter: the C core calls ours
 
@@ -223,7 +223,7 @@ class FakeCopy:
 
 
 class FakeStamps:
-    """Device timestamps (``cudatimer._stamps.Stamps``) on the fake GPU: captured as graph
+    """Device timestamps (``cudatimer.core._stamps.Stamps``) on the fake GPU: captured as graph
     ops, written at replay with the stream's virtual clock in ns."""
 
     def __init__(self, gpu: FakeGPU) -> None:
@@ -257,7 +257,7 @@ class FakeStamps:
 
 class FakeGraph:
     """A CUDA graph on the fake GPU, through the same hooks as ``torch.cuda.CUDAGraph``
-    (``cudatimer._capture``): ``with g.capture(stream):`` captures, ``g.replay()`` runs
+    (``cudatimer.sources._capture``): ``with g.capture(stream):`` captures, ``g.replay()`` runs
     the captured work and timestamps on the current stream."""
 
     def __init__(self, gpu: FakeGPU) -> None:
@@ -266,7 +266,7 @@ class FakeGraph:
 
     @contextmanager
     def capture(self, stream: torch.Stream) -> Iterator[None]:
-        from cudatimer import _capture
+        from cudatimer.sources import _capture
 
         gpu = self.gpu
         key = gpu.key(stream)
@@ -284,7 +284,7 @@ class FakeGraph:
         self.ops = ops
 
     def replay(self) -> None:
-        from cudatimer import _capture
+        from cudatimer.sources import _capture
 
         _capture.replay(self, FakeGraph._run)
 
@@ -303,7 +303,7 @@ class FakeGraph:
                 chunk[cap + 1] += 1
 
     def reset(self) -> None:
-        from cudatimer import _capture
+        from cudatimer.sources import _capture
 
         _capture.reset(self)
         self.ops = []

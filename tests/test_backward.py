@@ -16,7 +16,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import cudatimer
-from cudatimer import Timer, _backward
+from cudatimer import Timer
+from cudatimer.sources import _backward
 from tests.fake_cuda import FakeGPU, install
 from tests.subproc import run_python
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from cudatimer._cli import main
-from cudatimer._export import save
-from cudatimer._report import render, render_compare
+from cudatimer.render._export import save
+from cudatimer.render._report import render, render_compare
 from tests.report_fixtures import gpu_run, gpu_run_after, host_run
 from tests.subproc import run_python
 

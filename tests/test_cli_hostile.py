@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from cudatimer._cli import EXIT_BROKEN_PIPE, main
-from cudatimer._export import dumps, save
-from cudatimer._report import render
+from cudatimer.render._export import dumps, save
+from cudatimer.render._report import render
 from tests.report_fixtures import gpu_run, gpu_run_after
 from tests.test_hostile_files import DEEP, deep_run
 

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 import cudatimer
-from cudatimer import Timer, _compile
+from cudatimer import Timer
+from cudatimer.sources import _compile
 from tests.test_compile import train
 
 dynamo = pytest.importorskip("torch._dynamo")

@@ -1,4 +1,4 @@
-"""The recorder contract (``cudatimer/_core.pyi``): the C core and its Python reference, driven
+"""The recorder contract (``cudatimer/core/_core.pyi``): the C core and its Python reference, driven
 side by side with the same fake events, give the same results; and the whole CPU suite runs on
 the core that this process did not choose (a subprocess with the other setting)."""
 
@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 import cudatimer
-from cudatimer import _core, _core_py, _device
-from cudatimer._hist import _INV_LOG_GAMMA
+from cudatimer.core import _core, _core_py, _device
+from cudatimer.records._hist import INV_LOG_GAMMA
 from tests.fake_cuda import FakeEvent, FakeGPU
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _c_core() -> ModuleType | None:
     try:
-        return importlib.import_module("cudatimer._speedups")
+        return importlib.import_module("cudatimer.core._speedups")
     except ImportError:
         return None
 
@@ -44,7 +44,7 @@ needs_c = pytest.mark.skipif(C_CORE is None, reason="the C core was not built he
 def _configure(core: ModuleType) -> None:
     """The constants ``_device`` hands the chosen core, handed to ``core``."""
     core.configure(
-        inv_log_gamma=_INV_LOG_GAMMA,
+        inv_log_gamma=INV_LOG_GAMMA,
         harvest_batch=_device.HARVEST_BATCH,
         anchor_hop_ms=_device.ANCHOR_HOP_MS,
         prewarm=_device.PREWARM_EVENTS,
@@ -461,7 +461,10 @@ def test_harvest_batch_is_the_one_handed_to_the_core(bench: _Bench) -> None:
 @needs_c
 def test_c_source_defines_no_constant_of_the_python_side() -> None:
     """The C core takes its constants from ``configure``; none is written into its source."""
-    source = (ROOT / "cudatimer" / "_speedups.c").read_text()
+    parts = [ROOT / "cudatimer" / "core" / "_speedups.c"]
+    parts += sorted((ROOT / "cudatimer" / "core" / "_c").glob("*.c"))
+    assert len(parts) > 10
+    source = "".join(p.read_text() for p in parts)
     for name in ("ANCHOR_HOP", "HARVEST_BATCH", "PREWARM", "STEP_SAMPLE_CAP"):
         assert not re.search(rf"#define\s+\w*{name}", source), name
     assert not re.search(r"\b(100\.0|65536)\b", source)
@@ -678,7 +681,7 @@ def _edge_values() -> list[float]:
     ones of a bucket, and the last double on either side of an edge."""
     import math
 
-    from cudatimer._hist import GAMMA
+    from cudatimer.records._hist import GAMMA
 
     out: list[float] = []
     for k in range(-40, 40, 7):

@@ -29,8 +29,8 @@ import torch.multiprocessing as mp
 import cudatimer
 import cudatimer.distributed as cd
 from cudatimer import ALPHA, Histogram, RegionStats, Summary, Timer
-from cudatimer._export import save as save_summary
-from cudatimer._report import render_ranks
+from cudatimer.render._export import save as save_summary
+from cudatimer.render._report import render_ranks
 
 JOB_TIMEOUT_S = 120.0
 LATE_S = 3.0  # how late the other ranks arrive in the timeout scenario

@@ -18,10 +18,18 @@ import numpy as np
 import pytest
 
 import cudatimer
-from cudatimer import Summary, Timer, _core, _device
-from cudatimer._export import REGION_COLUMNS, STEP_COLUMNS, TRACE_COLUMNS, dumps, save, to_csv
-from cudatimer._hist import _INV_LOG_GAMMA
-from cudatimer._trace import to_chrome
+from cudatimer import Summary, Timer
+from cudatimer.core import _core, _device
+from cudatimer.records._hist import INV_LOG_GAMMA
+from cudatimer.render._export import (
+    REGION_COLUMNS,
+    STEP_COLUMNS,
+    TRACE_COLUMNS,
+    dumps,
+    save,
+    to_csv,
+)
+from cudatimer.render._trace import to_chrome
 from tests.report_fixtures import assert_snapshot, gpu_run, host_run
 
 
@@ -457,7 +465,7 @@ def test_trace_tracks_streams_and_lanes() -> None:
 def _set_anchor_hop(hop_ms: float) -> None:
     """The core's constants as ``_device`` hands them, but for the anchor hop."""
     _core.configure(
-        inv_log_gamma=_INV_LOG_GAMMA,
+        inv_log_gamma=INV_LOG_GAMMA,
         harvest_batch=_device.HARVEST_BATCH,
         anchor_hop_ms=hop_ms,
         prewarm=_device.PREWARM_EVENTS,

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import cudatimer
-from cudatimer import _capture
+from cudatimer.sources import _capture
 from tests.fake_cuda import FakeGPU, FakeGraph, install
 from tests.subproc import run_python
 
@@ -324,7 +324,7 @@ def test_torch_cuda_graph_methods_are_wrapped() -> None:
     cls = torch.cuda.CUDAGraph
     for name in ("capture_begin", "capture_end", "replay", "reset"):
         method = getattr(cls, name)
-        assert method.__module__ == "cudatimer._capture", name
+        assert method.__module__ == "cudatimer.sources._capture", name
         assert callable(method.__wrapped__)
 
 
@@ -339,7 +339,7 @@ def test_env_disable_leaves_torch_cuda_graph_alone() -> None:
     on = run_python(code, {"CUDATIMER_DISABLE": "0"})
     assert off.returncode == 0 and on.returncode == 0, off.stderr + on.stderr
     assert off.stdout.strip() == "['torch.cuda.graphs']"
-    assert on.stdout.strip() == "['cudatimer._capture']"
+    assert on.stdout.strip() == "['cudatimer.sources._capture']"
 
 
 def test_reports_on_another_thread_while_replays_run_lose_nothing(

@@ -22,8 +22,9 @@ import pytest
 import torch
 
 import cudatimer
-from cudatimer import Timer, _core, _device
-from cudatimer._report import render
+from cudatimer import Timer
+from cudatimer.core import _core, _device
+from cudatimer.render._report import render
 from tests.fake_cuda import FakeGPU, install
 
 

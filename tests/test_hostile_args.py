@@ -21,7 +21,7 @@ import torch
 
 import cudatimer
 from cudatimer import Timer
-from cudatimer import _steps as steps_module
+from cudatimer.recorder import _steps as steps_module
 from tests.nvtx_harness import HarnessUnavailable, injection_library, ranges, run_with_injection
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +91,8 @@ def test_huge_ranges_are_taken_arithmetically() -> None:
     out = _finishes(
         """
         import json, time
-        from cudatimer import Timer, _steps
+        from cudatimer import Timer
+        from cudatimer.recorder import _steps
         t = Timer(name="huge", clock="host")
         for _ in range(6):
             with t.region("work"):

@@ -18,7 +18,7 @@ import pytest
 
 import cudatimer
 from cudatimer import Histogram, RegionStats, Summary, TraceSample
-from cudatimer._export import BUCKET_RANGE, MAX_JSON_DEPTH, dumps, json_depth, save
+from cudatimer.render._export import BUCKET_RANGE, MAX_JSON_DEPTH, dumps, json_depth, save
 from tests.report_fixtures import gpu_run
 
 DEEP = 2000

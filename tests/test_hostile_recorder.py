@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import cudatimer
-from cudatimer import _core
+from cudatimer.core import _core
 from tests.subproc import run_python
 
 

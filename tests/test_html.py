@@ -18,10 +18,10 @@ import pytest
 import cudatimer
 from cudatimer import Histogram, RegionStats, StepStats, Summary
 from cudatimer._cli import main
-from cudatimer._export import save
-from cudatimer._html import CHART_STEPS, render_html
-from cudatimer._ranks import RankSummary
 from cudatimer.distributed import save_ranks
+from cudatimer.records._ranks import RankSummary
+from cudatimer.render._export import save
+from cudatimer.render._html import CHART_STEPS, render_html
 from tests.report_fixtures import gpu_run, gpu_run_after, host_run
 
 DATA = re.compile(r'<script type="application/json" id="cudatimer-data">(.*?)</script>', re.S)

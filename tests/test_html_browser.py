@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from cudatimer import Histogram, RegionStats, StepStats, Summary
-from cudatimer._html import write_html
-from cudatimer._ranks import RankSummary
+from cudatimer.records._ranks import RankSummary
+from cudatimer.render._html import write_html
 from tests.browser import INSTALL_HINT, Browser, Page, find_chromium
 from tests.report_fixtures import gpu_run, gpu_run_after
 from tests.test_html import HOSTILE

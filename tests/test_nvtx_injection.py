@@ -606,7 +606,7 @@ def test_nsight_capture_is_a_noop_without_cuda(
     """Without CUDA, nsight_capture neither calls the profiler nor raises."""
     import torch
 
-    from cudatimer._nsight import nsight_capture
+    from cudatimer.features._nsight import nsight_capture
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with nsight_capture():
@@ -620,7 +620,7 @@ def test_nsight_capture_starts_and_stops_even_on_error(
     """With CUDA, start/stop bracket the body, stop runs on error, nesting toggles once."""
     import torch
 
-    from cudatimer._nsight import nsight_capture
+    from cudatimer.features._nsight import nsight_capture
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: False)
@@ -650,7 +650,7 @@ def test_nsight_capture_starts_and_stops_even_on_error(
 def test_nsight_capture_exported() -> None:
     """cudatimer.nsight_capture is the public name."""
     import cudatimer
-    from cudatimer._nsight import nsight_capture
+    from cudatimer.features._nsight import nsight_capture
 
     assert getattr(cudatimer, "nsight_capture", None) is nsight_capture
 

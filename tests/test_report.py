@@ -12,7 +12,7 @@ from tabulate import tabulate_formats
 
 import cudatimer
 from cudatimer import Histogram, RegionStats, Summary, SyncSite
-from cudatimer._report import HOST_BOUND_RATIO, render, render_compare
+from cudatimer.render._report import HOST_BOUND_RATIO, render, render_compare
 from tests.report_fixtures import assert_snapshot, gpu_run, gpu_run_after, host_run
 from tests.subproc import run_python
 
@@ -417,13 +417,13 @@ def test_report_at_exit_never_hangs() -> None:
     Python core has a lock; the C core has none to hold)."""
     code = """
         import threading, time
-        import cudatimer, cudatimer._core_py, cudatimer._exit
-        cudatimer._exit.EXIT_TIMEOUT_S = 0.5
+        import cudatimer, cudatimer.core._core_py, cudatimer.features._exit
+        cudatimer.features._exit.EXIT_TIMEOUT_S = 0.5
         with cudatimer.cuda_region("stuck"):
             pass
         held = threading.Event()
         def hold():
-            with cudatimer._core_py._LOCK:
+            with cudatimer.core._core_py._LOCK:
                 held.set()
                 time.sleep(3600)
         threading.Thread(target=hold, daemon=True).start()

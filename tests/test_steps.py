@@ -10,9 +10,10 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 import cudatimer
-from cudatimer import Histogram, StepStats, Timer, _recorder
-from cudatimer import _steps as steps_module
-from cudatimer._report import render
+from cudatimer import Histogram, StepStats, Timer
+from cudatimer.recorder import _recorder
+from cudatimer.recorder import _steps as steps_module
+from cudatimer.render._report import render
 from tests.report_fixtures import gpu_run
 
 

@@ -19,7 +19,9 @@ import torch
 from torch._utils import CallbackRegistry
 
 import cudatimer
-from cudatimer import SyncSite, Timer, _device, _syncs
+from cudatimer import SyncSite, Timer
+from cudatimer.core import _device
+from cudatimer.features import _syncs
 
 FAKE_LIBRARY = '''
 """Stands in for torch: each op reports its sync the way torch does."""

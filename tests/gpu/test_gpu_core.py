@@ -1,5 +1,5 @@
 """Core behaviour on a CUDA device: lazy resolution, no synchronisation, streams, accuracy, and
-the recorder core's contract (``cudatimer/_core.pyi``) on a real GPU.
+the recorder core's contract (``cudatimer/core/_core.pyi``) on a real GPU.
 
 The suite runs once per core: as is (the C core, ``_speedups``, where it was built) and with
 ``CUDATIMER_PURE_PYTHON=1`` (the Python reference, ``_core_py``); a few tests also compare
@@ -24,8 +24,9 @@ import pytest
 import torch
 
 import cudatimer
-from cudatimer import Timer, _core, _device
-from cudatimer._hist import Histogram
+from cudatimer import Timer
+from cudatimer.core import _core, _device
+from cudatimer.records._hist import Histogram
 
 pytestmark = pytest.mark.gpu
 

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 import cudatimer
-from cudatimer import Timer, _capture, _stamps
+from cudatimer import Timer
+from cudatimer.core import _stamps
+from cudatimer.sources import _capture
 from tests.gpu.test_gpu_core import SYNC_CALLS, count_runtime_calls
 
 pytestmark = pytest.mark.gpu

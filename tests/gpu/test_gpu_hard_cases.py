@@ -18,8 +18,9 @@ import pytest
 import torch
 
 import cudatimer
-from cudatimer import Timer, _core
-from cudatimer._report import render
+from cudatimer import Timer
+from cudatimer.core import _core
+from cudatimer.render._report import render
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ import torch
 
 from cudatimer import Timer, load
 from cudatimer._cli import main
-from cudatimer._report import render
+from cudatimer.render._report import render
 from tests.gpu.test_gpu_core import SYNC_CALLS, count_runtime_calls, sleep_ms
 
 pytestmark = pytest.mark.gpu

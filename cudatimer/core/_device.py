@@ -1,0 +1,326 @@
+"""The device seam: which stream is current, whether CUDA is in use, how events and streams are
+made; fork and interpreter exit. The one place where tests plug in a fake GPU (``use``).
+
+Costs that shape it (measured on an H200):
+- ``torch.cuda.current_stream()`` builds a Python Stream object: 4.6-7.6 us, more than the two
+  event records it would serve. ``torch._C._cuda_getCurrentStream(-1)`` returns a plain tuple
+  (stream id, device, device type) in 0.14 us, resolving the current device in C; the stream
+  records are keyed by it, and at exit the same call compared with the start key catches a
+  stream switch and a device switch at once. The C core reads c10's current stream directly
+  once it was checked to agree with torch (``_trust_c10``).
+- ``torch.Event.record(stream)`` is 1.6 us against 1.8-2.0 us for ``torch.cuda.Event`` (a
+  Python subclass); constructing an event is 0.5-1 us and its first record creates the CUDA
+  event (+1.5 us once), so events are pooled and a new stream's pool is pre-warmed.
+- ``query()`` never blocks (0.34-0.66 us). Events on one stream complete in record order, so
+  one query of the newest pending end event usually clears a whole batch.
+
+Nothing here touches CUDA at import: a process that never initialises CUDA stays fork-safe.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from ..records._hist import INV_LOG_GAMMA
+from . import _core
+
+# Samples on one stream that wait before the hot path tries to harvest them. A check is one
+# query (0.23 us on the H200) when the GPU keeps up and log2(backlog) queries when it lags, so
+# 256 exits between checks keep it under 0.01 us per region; the backlog stays a few thousand
+# samples (~0.5 MB) at most, since a host cannot run further ahead of its GPU than that.
+HARVEST_BATCH = 256
+# How far (GPU ms) a trace placement reads from its anchor before the anchor moves on: a
+# float32 of ms is good to ~4 ns at 100 ms.
+ANCHOR_HOP_MS = 100.0
+# Events created and recorded once when a stream is first seen, so the first regions on it do
+# not pay CUDA event creation (+1.5 us each) inside the user's loop.
+PREWARM_EVENTS = 32
+
+
+def configure_core(harvest_batch: int = HARVEST_BATCH) -> None:
+    """Hand the constants above to the core (the only place they are defined)."""
+    _core.configure(
+        inv_log_gamma=INV_LOG_GAMMA,
+        harvest_batch=harvest_batch,
+        anchor_hop_ms=ANCHOR_HOP_MS,
+        prewarm=PREWARM_EVENTS,
+    )
+
+
+configure_core()
+
+StreamKey = tuple[int, int, int]  # (stream id, device index, device type) as c10 gives it
+
+
+class Device(Protocol):
+    """What the recorder asks of a GPU. ``CudaDevice`` is torch's; tests give a fake one."""
+
+    #: torch's own stream getter (the C core may then read c10's current stream directly).
+    native: bool
+
+    def get_stream(self, device: int) -> StreamKey: ...
+    def is_capturing(self) -> bool: ...
+    def is_initialized(self) -> bool: ...
+    def stream(self, key: StreamKey) -> Any: ...
+    def event_factory(self, device: int, stream: Any) -> tuple[Callable[[], Any], int | None]:
+        """(a function that makes a timing event, the cudaStream_t to record through the
+        runtime, or None to record with torch's ``record``)."""
+        ...
+
+    def stamps(self, device: int) -> Any:
+        """The device timestamps of CUDA graphs (``_stamps.Stamps``), or None."""
+        ...
+
+    def marker(self, key: StreamKey) -> Any:
+        """An event (no timing) recorded on stream ``key`` now, for another stream to wait on."""
+        ...
+
+
+class CudaDevice:
+    """torch's CUDA."""
+
+    native = True
+
+    def __init__(self) -> None:
+        c: Any = torch._C
+        self.get_stream: Callable[[int], StreamKey] = c._cuda_getCurrentStream
+        self._capturing: Callable[[], bool] = c._cuda_isCurrentStreamCapturing
+
+    def is_capturing(self) -> bool:
+        return self._capturing()
+
+    def is_initialized(self) -> bool:
+        return bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+
+    def stream(self, key: StreamKey) -> Any:
+        return torch.cuda.Stream(  # type: ignore[no-untyped-call]
+            stream_id=key[0], device_index=key[1], device_type=key[2]
+        )
+
+    def event_factory(self, device: int, stream: Any) -> tuple[Callable[[], Any], int | None]:
+        """Prefer the C++ ``torch.Event`` (cheaper record, and its ``event_id`` is the handle
+        the C core records through the runtime); fall back to ``torch.cuda.Event``."""
+        generic = getattr(torch, "Event", None)
+        if generic is not None:
+            name = f"cuda:{device}"
+            try:
+                probe = generic(device=name, enable_timing=True)
+                probe.record(stream)
+                if isinstance(getattr(probe, "event_id", None), int):
+                    return (
+                        lambda: generic(device=name, enable_timing=True),
+                        int(stream.cuda_stream) if _core.runtime_bound() else None,
+                    )
+                return lambda: generic(device=name, enable_timing=True), None
+            except (TypeError, RuntimeError, AttributeError):
+                pass
+        return lambda: torch.cuda.Event(enable_timing=True), None  # type: ignore[no-untyped-call]
+
+    def stamps(self, device: int) -> Any:
+        from ._stamps import cuda_stamps
+
+        return cuda_stamps(device)
+
+    def marker(self, key: StreamKey) -> Any:
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record(self.stream(key))
+        return event
+
+
+_HAS_CUDA_BUILD = all(
+    hasattr(torch._C, n) for n in ("_cuda_getCurrentStream", "_cuda_isCurrentStreamCapturing")
+)
+
+UNDECIDED, USABLE, UNUSABLE = 0, 1, 2
+
+
+class _Seam:
+    """The device in use and what was decided about it."""
+
+    def __init__(self, device: Device | None) -> None:
+        self.device = device
+        self.state = UNDECIDED if device is not None else UNUSABLE
+        self.forked = False
+        self.fork_warned = False
+
+
+_seam = _Seam(CudaDevice() if _HAS_CUDA_BUILD else None)
+_graveyard: list[Any] = []
+
+
+def use(device: Device | None) -> Device | None:
+    """Make ``device`` the GPU the recorder uses (None: no CUDA) and return the one before.
+    Every stream record is dropped; a fake device counts as initialised at once. For tests."""
+    global _seam
+    old = _seam.device
+    _core.forget_streams()
+    _core.set_usable(False)
+    _core.set_stream_getter(None, False)
+    _seam = _Seam(device)
+    if device is not None and not device.native and device.is_initialized():
+        _set_usable()
+    return old
+
+
+def usable() -> bool:
+    """True once CUDA is initialised in this process (never initialises it ourselves).
+
+    A region entered before the program touched CUDA is timed on the host clock; from the
+    first region after CUDA initialisation on, regions are timed with events. Checking
+    ``torch.cuda.is_initialized()`` costs ~0.1 us and stops once the answer is yes.
+    """
+    seam = _seam
+    if seam.state == UNDECIDED and seam.device is not None and seam.device.is_initialized():
+        _set_usable()
+    if seam.forked and not seam.fork_warned:
+        seam.fork_warned = True
+        warnings.warn(
+            "cudatimer: this process was forked after CUDA was initialised in its parent, "
+            "so CUDA cannot be used here; regions in this process are timed on the host "
+            "clock (use the 'spawn' start method to time GPU work in workers)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return seam.state == USABLE
+
+
+def _set_usable() -> None:
+    seam = _seam
+    device = seam.device
+    assert device is not None
+    seam.state = USABLE
+    _core.set_stream_getter(device.get_stream, device.native and _trust_c10(device))
+    _core.set_usable(True)
+
+
+def _trust_c10(device: Device) -> bool:
+    """Whether the C core may read c10's current stream itself: only if it reads what torch
+    does (checked once, when CUDA becomes usable). Without a usable device c10's getter throws
+    a C++ exception, which would abort the process through C: ask only once CUDA is up."""
+    current = getattr(_core, "current_stream", None)
+    if current is None or not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return False
+    try:
+        ours = current()
+        return ours is not None and tuple(ours) == tuple(device.get_stream(-1))
+    except Exception:  # any doubt: the getter is called
+        return False
+
+
+def current_key() -> StreamKey:
+    device = _seam.device
+    assert device is not None
+    return device.get_stream(-1)
+
+
+def capturing(key: StreamKey) -> bool:
+    """Whether the current stream (``key``) captures a CUDA graph. Capture is impossible on
+    the legacy default stream (id 0), so the check (~0.4 us) runs only for side streams."""
+    device = _seam.device
+    return key[0] != 0 and device is not None and device.is_capturing()
+
+
+def rec_for(key: StreamKey) -> _core.StreamRec:
+    """The record of stream ``key``, made when first seen."""
+    rec = _core.stream_of(key)
+    if rec is None:
+        device = _seam.device
+        assert device is not None
+        stream = device.stream(key)
+        make_event, raw = device.event_factory(key[1], stream)
+        rec = _core.new_stream(key, stream, raw, make_event)
+    return rec
+
+
+def current_rec() -> _core.StreamRec | None:
+    """The record of the current stream, or None when it is capturing a CUDA graph: a timing
+    event recorded during capture poisons it (query/elapsed_time then raise 'invalid
+    argument', even after replay), and any query during capture ruins the capture."""
+    key = current_key()
+    if capturing(key):
+        return None
+    return rec_for(key)
+
+
+def stamps(device: int) -> Any:
+    """The device timestamps for regions inside CUDA graphs on ``device``, or None."""
+    seam = _seam
+    if seam.device is None or seam.state != USABLE:
+        return None
+    return seam.device.stamps(device)
+
+
+def marker(key: StreamKey) -> Any:
+    device = _seam.device
+    assert device is not None
+    return device.marker(key)
+
+
+def clock_now(events: bool) -> int:
+    """The clock a region entered now would be timed on: a device index, or -1 (host)."""
+    if events and usable():
+        rec = current_rec()
+        if rec is not None:
+            return rec.device
+    return -1
+
+
+def drain(timeout_s: float) -> int:
+    """Resolve every finished sample, waiting at most ``timeout_s`` for the GPU (polling,
+    never a blocking CUDA call); returns how many are still pending. Only reports call it."""
+    if _seam.state != USABLE or _seam.forked:
+        return 0
+    return _core.drain(timeout_s)
+
+
+# -- fork and exit ---------------------------------------------------------------------------
+#: Called in a forked child with the grave: each Timer turns its open frames into host frames.
+_on_fork: list[Callable[[list[Any]], None]] = []
+
+
+def on_fork(hook: Callable[[list[Any]], None]) -> None:
+    _on_fork.append(hook)
+
+
+def _after_fork_in_child() -> None:
+    seam = _seam
+    bad_fork = getattr(torch.cuda, "_is_in_bad_fork", lambda: False)
+    if seam.state != USABLE and not bad_fork():
+        return
+    # The child cannot touch the parent's CUDA context: every CUDA object the recorder holds
+    # moves to a graveyard that is never freed (an event's destructor would call into the dead
+    # context and print a CUDA warning per event at the child's exit).
+    _core.set_usable(False)
+    _core.forget_streams(_graveyard)
+    for hook in _on_fork:
+        hook(_graveyard)
+    seam.state = UNUSABLE
+    seam.forked = True
+    seam.fork_warned = False
+    # One extra reference that nothing releases: even interpreter teardown (which clears
+    # module globals) never frees the graveyard, so no event destructor runs in this child.
+    # The leak is the size of the parent's event pool, once per child.
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(_graveyard))
+
+
+def _at_exit() -> None:
+    """Interpreter exit: drop pending samples without waiting for the GPU, and time any region
+    entered later (other exit handlers) on the host clock. Runs after the optional report at
+    exit (atexit runs handlers last-registered first; this one is registered at import)."""
+    if _seam.state == USABLE:
+        _seam.state = UNUSABLE
+        _core.set_usable(False)
+    if not _seam.forked:  # a forked child must never destroy the parent's events
+        _core.clear_pending()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_at_exit)
