@@ -85,12 +85,13 @@ _SYNCHRONIZE_KIND = {
 
 # -- where a frame's code lives ---------------------------------------------------------------
 _USER, _LIBRARY, _OWN = 0, 1, 2
-_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# The package root (this file is in features/): every cudatimer frame is our own.
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 #: Frames in these directories are looked through (the location is outside them). Tests add
 #: a fake library here.
 LIBRARY_DIRS: list[str] = [os.path.dirname(os.path.abspath(torch.__file__)) + os.sep]
 # cudatimer files whose frames run user code (wrappers) or are this module: looked through.
-_TRANSPARENT = {_HERE + "_wrap.py", _HERE + "_syncs.py"}
+_TRANSPARENT = {os.path.join(_HERE, "regions", "_wrap.py"), os.path.abspath(__file__)}
 # Code torch generates (torch.fx GraphModule forwards) counts as torch.
 _LIBRARY_PSEUDO_FILES = ("<eval_with_key>",)
 _file_kind: dict[str, int] = {}

@@ -76,7 +76,8 @@ W_STREAM = 1
 W_DEVICE = 2
 W_SIDE_DEVICE = 4
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# The package root (this file is in recorder/): frames under it are cudatimer's own.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 # Sync counting is rare (detect_syncs) and brief.
 _sync_lock = ForkSafeLock()
@@ -91,7 +92,7 @@ def user_stacklevel() -> int:
     (the C and Python hooks put a different number of frames in between)."""
     frame = sys._getframe(1)
     level = 1
-    while frame is not None and os.path.dirname(frame.f_code.co_filename) == _PACKAGE_DIR:
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back  # type: ignore[assignment]
         level += 1
     return level
