@@ -9,8 +9,6 @@ import io
 import math
 import os
 import re
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -476,31 +474,6 @@ def test_chosen_core_is_reported() -> None:
     assert (
         "python" if C_CORE is None or os.environ.get("CUDATIMER_PURE_PYTHON") == "1" else "c"
     ) == _core.IMPL
-
-
-NESTED = "CUDATIMER_NESTED_SUITE"
-
-
-@pytest.mark.timeout(3000)
-@pytest.mark.skipif(os.environ.get(NESTED) == "1", reason="this is the nested run")
-@needs_c
-def test_whole_suite_on_the_other_core() -> None:
-    """The CPU suite passes on the core this process did not choose (run in a subprocess)."""
-    env = dict(os.environ)
-    env[NESTED] = "1"
-    env["CUDATIMER_PURE_PYTHON"] = "0" if _core.IMPL == "python" else "1"
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "tests"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=2900,
-    )
-    tail = done.stdout[-4000:] + done.stderr[-2000:]
-    assert done.returncode == 0, tail
-    passed = re.search(r"(\d+) passed", done.stdout)
-    assert passed is not None and int(passed.group(1)) > 400, tail
 
 
 def test_another_boundary_source_feeds_the_same_records() -> None:
