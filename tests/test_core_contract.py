@@ -459,8 +459,8 @@ def test_harvest_batch_is_the_one_handed_to_the_core(bench: _Bench) -> None:
 @needs_c
 def test_c_source_defines_no_constant_of_the_python_side() -> None:
     """The C core takes its constants from ``configure``; none is written into its source."""
-    parts = [ROOT / "cudatimer" / "core" / "_speedups.c"]
-    parts += sorted((ROOT / "cudatimer" / "core" / "_c").glob("*.c"))
+    core = Path(cudatimer.__file__).resolve().parent / "core"
+    parts = [core / "_speedups.c", *sorted((core / "_c").glob("*.c"))]
     assert len(parts) > 10
     source = "".join(p.read_text() for p in parts)
     for name in ("ANCHOR_HOP", "HARVEST_BATCH", "PREWARM", "STEP_SAMPLE_CAP"):

@@ -7,7 +7,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "cudatimer"
+import cudatimer
+
+#: The package as imported: the checkout's, or an installed wheel's (CI runs the suite on both).
+PACKAGE = Path(cudatimer.__file__).resolve().parent
 
 #: What each layer folder may import besides itself and the leaf modules (``_config``,
 #: ``_version``). The top level (the face, the CLI, the public modules) may import any folder.
