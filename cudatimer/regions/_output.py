@@ -131,7 +131,8 @@ class Source(Protocol):
 
 
 def _checked(verb: str, options: Mapping[str, Any], allowed: Any) -> dict[str, Any]:
-    """``options`` as a dict, refused naming the verb and its options when one is unknown."""
+    """``options`` as a dict, refused naming the verb and its options (the keys of the
+    TypedDict ``allowed``) when one is unknown."""
     names = tuple(allowed.__annotations__)
     unknown = [k for k in options if k not in names]
     if unknown:
@@ -159,7 +160,7 @@ def _seconds(timeout_s: object) -> float:
     return seconds
 
 
-def take(
+def _take(
     timer: Source,
     timeout_s: object,
     window: Mapping[str, Any],
@@ -171,9 +172,9 @@ def take(
     for arg, flag in (("step_stats", step_stats), ("trace", trace)):
         if not isinstance(flag, bool):
             raise TypeError(f"{arg} must be a bool, got {type(flag).__name__}")
-    steps = {"last": window.get("last"), "steps": window.get("steps")}
-    window = {**steps, "warmup": window.get("warmup", 0)}
-    return timer.recorder.summary(timer.meta(), seconds, window, bool(step_stats), bool(trace))
+    asked = {key: window.get(key) for key in ("last", "steps")}
+    asked["warmup"] = window.get("warmup", 0)
+    return timer.recorder.summary(timer.meta(), seconds, asked, bool(step_stats), bool(trace))
 
 
 def summary(timer: Source, options: Mapping[str, Any]) -> Summary:
@@ -182,7 +183,7 @@ def summary(timer: Source, options: Mapping[str, Any]) -> Summary:
     given = _checked("summary", options, SummaryOptions)
     timeout_s = given.pop("timeout_s", 60.0)
     step_stats, trace = given.pop("step_stats", False), given.pop("trace", False)
-    return take(timer, timeout_s, given, step_stats, trace)
+    return _take(timer, timeout_s, given, step_stats, trace)
 
 
 def _window(given: dict[str, Any]) -> tuple[object, dict[str, Any]]:
@@ -218,7 +219,7 @@ def _named(steps: Any) -> str:
     return f"step {shown}" if len(listed) == 1 else f"steps {shown}"
 
 
-def empty_window(verb: str, window: Mapping[str, Any], current: int, note: str) -> ValueError:
+def _empty_window(verb: str, window: Mapping[str, Any], current: int, note: str) -> ValueError:
     """The error of an output whose window holds no step: what it asked for, the steps there
     were (``current`` is the step in progress), and what to do."""
     asked = ", ".join(f"{k}={v!r}" for k, v in window.items())
@@ -262,10 +263,10 @@ def resolve(
     """The run an output renders: ``given`` as it is (a Summary; a RankSummary too where
     ``ranks``), else the Timer's over ``window``, refused when that window holds no step."""
     if given is None:
-        run = take(timer, timeout_s, window, step_stats, trace)
+        run = _take(timer, timeout_s, window, step_stats, trace)
         if window and run.steps == 0:
             note = dict(run.meta).get("window_note", "")
-            raise empty_window(verb, window, timer.recorder.store.step, note)
+            raise _empty_window(verb, window, timer.recorder.store.step, note)
         return run
     kinds: tuple[type, ...] = (Summary, RankSummary) if ranks else (Summary,)
     if not isinstance(given, kinds):
