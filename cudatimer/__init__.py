@@ -26,7 +26,15 @@ from .features._instrument import Instrumented, instrument
 from .features._nsight import nsight_capture
 from .features._syncs import SyncDetection, detect_syncs
 from .records._hist import ALPHA, Histogram
-from .records._records import SCHEMA_VERSION, RegionStats, StepStats, Summary, SyncSite, TraceSample
+from .records._records import (
+    SCHEMA_VERSION,
+    Coverage,
+    RegionStats,
+    StepStats,
+    Summary,
+    SyncSite,
+    TraceSample,
+)
 from .regions import _timer
 from .regions._timer import Region, Timer, default_timer
 from .render._export import load
@@ -37,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ALPHA",
     "SCHEMA_VERSION",
+    "Coverage",
     "Histogram",
     "Instrumented",
     "Region",

@@ -52,10 +52,12 @@ import torch.distributed as dist
 
 from .records._ranks import RankedRegion, RankSummary, clock_kind
 from .records._records import Summary
+from .regions._output import output
 from .regions._timer import Timer
 from .render._export import FORMAT as SUMMARY_FORMAT
-from .render._export import RANKS_FORMAT, summary_from_dict, summary_to_dict
+from .render._export import RANKS_FORMAT, dumps, summary_from_dict, summary_to_dict
 from .render._export import save as save_summary
+from .render._write import to_path, to_print
 
 __all__ = [
     "RankExchangeError",
@@ -105,43 +107,48 @@ def _this_rank() -> tuple[int, int]:
 _WINDOW = ("last", "steps", "warmup")
 
 
-def _local(
-    source: Timer | Summary | None,
-    timeout_s: float,
-    window: dict[str, Any],
-    *,
-    extras: bool = False,
-) -> Summary:
-    """This rank's Summary (a window of steps if asked), its rank, world size and host added to
-    ``meta``; ``extras``: with per-step rows and trace samples, as ``Timer.save`` writes."""
+def _source(source: object) -> tuple[Timer, Summary | None]:
+    """The Timer an exchange reads (default: the module's), or the Summary given instead."""
+    if source is None:
+        return _default_timer(), None
+    if isinstance(source, Timer):
+        return source, None
+    if isinstance(source, Summary):
+        return _default_timer(), source
+    raise TypeError(
+        f"source must be a cudatimer.Timer, a cudatimer.Summary or None (the default "
+        f"Timer), got {type(source).__name__}"
+    )
+
+
+def _check_window(window: dict[str, Any]) -> None:
     unknown = [k for k in window if k not in _WINDOW]
     if unknown:
         raise TypeError(
             f"unexpected keyword argument(s) {', '.join(unknown)}; "
             f"window options are {', '.join(_WINDOW)}"
         )
-    if source is None:
-        source = _default_timer()
-    if isinstance(source, Timer):
-        if extras:
-            local = source.summary(timeout_s=timeout_s, step_stats=True, trace=True, **window)
-        else:
-            local = source.summary(timeout_s=timeout_s, **window)
-    elif isinstance(source, Summary):
-        if window:
-            raise TypeError(
-                f"{', '.join(window)} select steps of a Timer; source is already a Summary"
-            )
-        local = source
-    else:
-        raise TypeError(
-            f"source must be a cudatimer.Timer, a cudatimer.Summary or None (the default "
-            f"Timer), got {type(source).__name__}"
-        )
+
+
+def _ranked(local: Summary) -> Summary:
+    """``local`` with this rank, the world size and the host in ``meta``."""
     rank, world = _this_rank()
     extra = {"rank": str(rank), "world_size": str(world), "host": socket.gethostname()}
     meta = tuple((k, v) for k, v in local.meta if k not in extra) + tuple(extra.items())
     return dataclasses.replace(local, meta=meta)
+
+
+def _local(source: Timer | Summary | None, timeout_s: float, window: dict[str, Any]) -> Summary:
+    """This rank's Summary (a window of steps if asked), its rank, world size and host added to
+    ``meta``. Reading, as ``Timer.summary``: the outputs (``report``, ``save``) resolve theirs
+    through the Timer's one output path instead."""
+    _check_window(window)
+    timer, given = _source(source)
+    if given is None:
+        return _ranked(timer.summary(timeout_s=timeout_s, **window))
+    if window:
+        raise TypeError(f"{', '.join(window)} select steps of a Timer; source is already a Summary")
+    return _ranked(given)
 
 
 def _bulky_cleared() -> dict[str, Any]:
@@ -361,30 +368,31 @@ def report(
     ``rank_timeout_s``) it warns and prints this rank's own table. Without a process group it
     prints the ordinary local table.
     """
-    from .render._report import SORTS, emit, render, render_ranks
+    from .render._report import SORTS, render, render_ranks
 
-    emit("", file=file, logger=logger, level=level, check_only=True)
+    target = to_print(file, logger, level)
     _check(dst, rank_timeout_s, transport)
+    timer, given = _source(source)
     window = {k: options.pop(k) for k in _WINDOW if k in options}
-    local = _local(source, timeout_s, window)
     # sort="skew"/"max" only exist in the cross-rank table: the local fallback keeps its default.
     local_options = {k: v for k, v in options.items() if k != "sort" or v in SORTS}
-    if not (dist.is_available() and dist.is_initialized()):
-        text = render(local, **local_options)
-    else:
+
+    def table(run: Summary, _: dict[str, Any]) -> str | None:
+        local = _ranked(run)
+        if not (dist.is_available() and dist.is_initialized()):
+            return render(local, **local_options)
         try:
             ranked = _exchange(
                 local, group=group, dst=dst, rank_timeout_s=rank_timeout_s, transport=transport
             )
         except RankExchangeError as exc:
-            warnings.warn(f"{exc}; printing this rank's own report", RuntimeWarning, stacklevel=2)
-            text = render(local, **local_options) + f"\nnote: rank {dist.get_rank()} only: {exc}"
-        else:
-            if ranked is None:
-                return ""
-            text = render_ranks(ranked, **options)
-    emit(text, file=file, logger=logger, level=level)
-    return text
+            warnings.warn(f"{exc}; printing this rank's own report", RuntimeWarning, stacklevel=4)
+            return render(local, **local_options) + f"\nnote: rank {dist.get_rank()} only: {exc}"
+        return None if ranked is None else render_ranks(ranked, **options)
+
+    given_options = {"summary": given, "timeout_s": timeout_s, **window}
+    text = output("distributed.report", timer, given_options, table, target)[1]
+    return "" if text is None else text
 
 
 def save(
@@ -403,10 +411,21 @@ def save(
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    local = _local(source, timeout_s, window, extras=True)
+    _check_window(window)
     rank, _ = _this_rank()
-    save_summary(local, os.fspath(path).replace("{rank}", str(rank)))
-    return local
+    target = to_path(os.fspath(path).replace("{rank}", str(rank)))
+    timer, given = _source(source)
+    given_options = {"summary": given, "timeout_s": timeout_s, **window}
+    run = output(
+        "distributed.save",
+        timer,
+        given_options,
+        lambda run, _: dumps(_ranked(run)),
+        target,
+        step_stats=True,
+        trace=True,
+    )[0]
+    return _ranked(run)
 
 
 def ranks_to_dict(ranked: RankSummary) -> dict[str, Any]:

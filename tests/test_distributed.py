@@ -412,6 +412,26 @@ def test_window_options_reach_the_timer(capsys: pytest.CaptureFixture[str]) -> N
         cd.summary(t, colour=1)
 
 
+def test_report_and_save_refuse_an_empty_window_as_every_output_does(tmp_path: Path) -> None:
+    """distributed.report and save take the Timer's output path: an empty window names the
+    steps there were, before any exchange and without writing a file."""
+    t = Timer(name="empty-window")
+    with t.region("it"):
+        pass
+    t.step()
+    with pytest.raises(ValueError) as info:
+        cd.report(t, warmup=5, file=io.StringIO())
+    assert str(info.value).startswith(
+        "distributed.report(warmup=5): the window holds no step: it asks for the finished "
+        "steps from step 5 on, but 1 step finished (step 0; step 1 is in progress)."
+    )
+    with pytest.raises(ValueError, match=r"^distributed\.save\(last=2, warmup=3\): the window"):
+        cd.save(tmp_path / "rank{rank}.json", t, last=2, warmup=3)
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(TypeError, match="file must be a text stream"):
+        cd.report(t, file=3)
+
+
 def test_cross_rank_statistics() -> None:
     """Totals and means are min/median/max over ranks; skew = max/median; absent not zero."""
     per_rank = {

@@ -40,3 +40,31 @@ def test_python_core_figure_matches_benchmarks() -> None:
     source = (Path(cudatimer.__file__).resolve().parent / "regions" / "_timer.py").read_text()
     quoted = re.search(r"about (\d+\.\d+)x the C core's cost per region", source)
     assert quoted and round(float(measured.group(1)), 1) == float(quoted.group(1))
+
+
+def test_docs_cite_no_name_inside_a_private_module() -> None:
+    """Docs name public things only: no ``cudatimer.<...>._module.NAME`` a user cannot rely on."""
+    for path in documents():
+        cited = re.findall(r"cudatimer\.(?:\w+\.)*_\w+\.\w+", path.read_text())
+        assert cited == [], f"{path.name} cites private names: {cited}"
+
+
+def test_documented_limits_match_the_code() -> None:
+    """reports.md states the host-bound ratio and the step and chart caps as the code has them."""
+    from cudatimer.recorder._steps import STEP_SAMPLE_CAP
+    from cudatimer.render._html import CHART_STEPS
+    from cudatimer.render._report import HOST_BOUND_RATIO
+
+    text = " ".join((ROOT / "docs" / "reports.md").read_text().split())
+    assert f"at least **{HOST_BOUND_RATIO:g} times** its GPU time" in text
+    assert f"A step keeps at most {STEP_SAMPLE_CAP} raw samples" in text
+    assert CHART_STEPS == 10**4 and "Past 10^4 steps each point is the mean" in text
+
+
+def test_coverage_is_exported_and_documented() -> None:
+    """``Coverage``, which ``Summary.backward_coverage`` returns, is public and in docs/api.md."""
+    import cudatimer
+    from cudatimer.records import _records
+
+    assert "Coverage" in cudatimer.__all__ and cudatimer.Coverage is _records.Coverage
+    assert "`Coverage`" in (ROOT / "docs" / "api.md").read_text()

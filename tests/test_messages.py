@@ -1,11 +1,13 @@
-"""Messages that point at the cause: an empty window, a missing folder, a disabled cudatimer,
-the Python core."""
+"""Messages that point at the cause: an empty window (the same for every output), a missing
+folder, a disabled cudatimer, the Python core."""
 
 from __future__ import annotations
 
 import io
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,34 +21,104 @@ def _steps_never_marked() -> None:
             pass
 
 
-@pytest.mark.parametrize(
-    ("verb", "call"),
-    [
-        ("save", lambda p: cudatimer.save(p / "run.json", warmup=5)),
-        ("export_trace", lambda p: cudatimer.export_trace(p / "trace.json", last=10)),
-        ("plot", lambda p: cudatimer.plot(p / "report.png", warmup=5)),
-    ],
-)
-def test_window_without_steps_says_no_step_was_marked(
-    tmp_path: Path, verb: str, call: object
-) -> None:
-    """save/export_trace/plot with a window but no step() say so and how to mark one."""
-    _steps_never_marked()
-    with pytest.raises(ValueError, match="no step was marked") as info:
-        call(tmp_path)  # type: ignore[operator]
-    message = str(info.value)
-    assert message.startswith(f"{verb}(")
-    assert "cudatimer.step()" in message and "once after each iteration" in message
+def _finished_steps(n: int, timer: cudatimer.Timer | None = None) -> None:
+    """``n`` finished steps of the default Timer (or ``timer``), step k making k + 1 calls."""
+    t = cudatimer.default_timer() if timer is None else timer
+    for k in range(n):
+        for _ in range(k + 1):
+            with t.region("train_step"):
+                pass
+        t.step()
+
+
+#: Every output of the default Timer, called with a window (and the options it needs).
+OUTPUTS: dict[str, Callable[[Path, dict[str, Any]], object]] = {
+    "report": lambda p, w: cudatimer.report(file=io.StringIO(), **w),
+    "save": lambda p, w: cudatimer.save(p / "run.json", **w),
+    "step_series": lambda p, w: cudatimer.step_series(**w),
+    "export_trace": lambda p, w: cudatimer.export_trace(p / "trace.json", **w),
+    "to_csv": lambda p, w: cudatimer.to_csv(p / "r.csv", **w),
+    "to_dataframe": lambda p, w: cudatimer.to_dataframe(**w),
+    "plot": lambda p, w: cudatimer.plot(p / "r.png", **w),
+    "html": lambda p, w: cudatimer.html(p / "r.html", **w),
+}
+
+
+@pytest.mark.parametrize("verb", sorted(OUTPUTS))
+def test_every_output_refuses_a_window_past_the_finished_steps(tmp_path: Path, verb: str) -> None:
+    """warmup=100 after 3 finished steps: every output says so, naming both, and writes nothing."""
+    _finished_steps(3)
+    with pytest.raises(ValueError) as info:
+        OUTPUTS[verb](tmp_path, {"warmup": 100})
+    assert str(info.value) == (
+        f"{verb}(warmup=100): the window holds no step: it asks for the finished steps from "
+        "step 100 on, but 3 steps finished (steps 0-2; step 3 is in progress). Ask for steps "
+        "that ran, or leave out last/steps/warmup to use the whole run"
+    )
     assert not list(tmp_path.iterdir())  # nothing written: not an empty run
 
 
-def test_window_past_the_marked_steps_says_how_many(tmp_path: Path) -> None:
-    """A window beyond the marked steps names how many there are."""
-    for _ in range(2):
-        _steps_never_marked()
-        cudatimer.step()
-    with pytest.raises(ValueError, match=r"2 step\(s\) were marked.*finished steps 0-1"):
-        cudatimer.save(tmp_path / "run.json", warmup=5)
+@pytest.mark.parametrize("verb", sorted(OUTPUTS))
+def test_every_output_refuses_a_window_without_step(tmp_path: Path, verb: str) -> None:
+    """warmup=5 with no step() at all: every output says no step was marked and how to mark one."""
+    _steps_never_marked()
+    with pytest.raises(ValueError) as info:
+        OUTPUTS[verb](tmp_path, {"warmup": 5})
+    assert str(info.value) == (
+        f"{verb}(warmup=5): the window holds no step: it asks for the finished steps from step "
+        "5 on, but no step has finished: step() was never called, so every call so far is in "
+        "step 0, which is still in progress. Call cudatimer.step() (or timer.step()) once "
+        "after each iteration, or leave out last/steps/warmup to use the whole run"
+    )
+    assert not list(tmp_path.iterdir())
+
+
+def test_report_past_the_steps_says_what_happened_not_no_regions() -> None:
+    """report(warmup=100) after 3 steps names the 3 steps and the window, not "no regions"."""
+    _finished_steps(3)
+    timer = cudatimer.Timer(name="own")
+    _finished_steps(3, timer)
+    for call in (lambda: cudatimer.report(warmup=100), lambda: timer.report(warmup=100)):
+        with pytest.raises(ValueError, match="from step 100 on, but 3 steps finished") as info:
+            call()
+        assert "no regions" not in str(info.value) and "step() was never" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("window", "asked"),
+    [
+        ({"steps": [7, 9]}, "steps=[7, 9]): the window holds no step: it asks for steps 7, 9, "),
+        ({"steps": range(10, 20)}, "it asks for steps 10-19, but"),
+        ({"steps": range(10, 20, 2)}, "it asks for the steps of range(10, 20, 2), but"),
+        ({"steps": [12]}, "it asks for step 12, but"),
+        ({"steps": []}, "it asks for no step (steps is empty), but"),
+        ({"last": 2, "warmup": 9}, "it asks for the last 2 finished steps from step 9 on, but"),
+        ({"last": 1, "warmup": 4}, "it asks for the last finished step from step 4 on, but"),
+    ],
+)
+def test_an_empty_window_is_named_as_it_was_asked(
+    tmp_path: Path, window: dict[str, Any], asked: str
+) -> None:
+    """The message says which steps the window asked for, however it asked."""
+    _finished_steps(1)
+    with pytest.raises(ValueError) as info:
+        cudatimer.save(tmp_path / "run.json", **window)
+    message = str(info.value)
+    assert asked in message
+    assert "1 step finished (step 0; step 1 is in progress)" in message
+
+
+def test_an_empty_window_of_steps_no_longer_kept_says_so() -> None:
+    """Steps dropped past keep_steps are named as the reason the window is empty."""
+    timer = cudatimer.Timer(name="kept", keep_steps=2)
+    _finished_steps(5, timer)
+    with pytest.raises(ValueError) as info:
+        timer.report(steps=range(0, 2), file=io.StringIO())
+    message = str(info.value)
+    assert "5 steps finished (steps 0-4; step 5 is in progress); steps before 3 are no longer " in (
+        message
+    )
+    assert "kept (keep_steps=2). Ask for steps that ran and are still kept" in message
 
 
 def test_window_with_steps_still_saves(tmp_path: Path) -> None:

@@ -432,3 +432,20 @@ def test_report_at_exit_never_hangs() -> None:
     done = run_python(code, {"CUDATIMER_REPORT_AT_EXIT": "1", "CUDATIMER_PURE_PYTHON": "1"})
     assert done.returncode == 0, done.stderr
     assert "did not finish within 0.5 s" in done.stderr
+
+
+def test_report_takes_the_table_options_of_the_renderer() -> None:
+    """report()'s options are its window, its target and exactly the keyword options of render()."""
+    import inspect
+
+    from cudatimer.regions import _output
+
+    table = [name for name in inspect.signature(render).parameters if name != "summary"]
+    own = [
+        name
+        for name in _output.ReportOptions.__annotations__
+        if name not in _output.TraceOptions.__annotations__
+    ]
+    assert own == ["file", "logger", "level", *table]
+    with pytest.raises(TypeError, match=r"^report\(\) got unknown option\(s\) colour; its options"):
+        cudatimer.report(colour="red")

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import io
+import json
 import math
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
 
 import cudatimer
-from cudatimer import Histogram, StepStats, Timer
+from cudatimer import Histogram, StepStats, Summary, Timer
 from cudatimer.recorder import _recorder
 from cudatimer.recorder import _steps as steps_module
 from cudatimer.render._report import render
@@ -126,14 +129,97 @@ def test_window_keeps_tree_order_and_depth(clock: _Clock) -> None:
 
 
 def test_empty_window(clock: _Clock) -> None:
-    """A window with no finished step has no regions and a report says so."""
+    """A summary of a window with no finished step is empty, and rendering it says why."""
     t = Timer(name="empty", clock="host")
     _run(t, clock, [[1.0]], finish=False)
     s = t.summary(last=3)
     assert s.regions == () and s.steps == 0
     assert dict(s.meta)["window"] == "no steps"
     assert "no regions recorded" in render(s)
-    assert "mark steps with cudatimer.step()" in render(s)
+    assert "this summary's window holds no step, so it has no regions" in render(s)
+
+
+def _calls_by_step(n: int) -> None:
+    """``n`` finished steps of the default Timer; step k makes k + 1 calls of "it"."""
+    for k in range(n):
+        for _ in range(k + 1):
+            with cudatimer.cuda_region("it"):
+                pass
+        cudatimer.step()
+
+
+def _plotted(monkeypatch: pytest.MonkeyPatch, window: dict[str, object]) -> Summary:
+    """The Summary ``cudatimer.plot`` renders for ``window`` (its PNG renderer replaced)."""
+    from cudatimer.render import _plot
+
+    seen: list[Summary] = []
+    monkeypatch.setattr(_plot, "render_png", lambda s, **_: seen.append(s) or b"png")
+    cudatimer.plot(io.BytesIO(), **window)  # type: ignore[arg-type]
+    return seen[0]
+
+
+def test_every_output_covers_the_window_it_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every output, given steps=[1] (2 calls) and last=1 (step 2: 3 calls), covers it."""
+    pytest.importorskip("pandas")
+    _calls_by_step(3)
+    for window, calls, label in (({"steps": [1]}, 2, "step 1"), ({"last": 1}, 3, "step 2")):
+        out = io.StringIO()
+        text = cudatimer.report(file=out, fmt="plain", columns=["region", "calls"], **window)
+        assert text.splitlines()[1].split() == ["it", str(calls)]
+        saved = cudatimer.save(tmp_path / "run.json", **window)
+        assert cudatimer.load(tmp_path / "run.json") == saved and saved["it"].calls == calls
+        assert [(s.step, s.calls) for s in cudatimer.step_series(**window)] == [
+            (int(label.split()[1]), calls)
+        ]
+        trace = io.StringIO()
+        cudatimer.export_trace(trace, **window)
+        doc = json.loads(trace.getvalue())
+        assert doc["otherData"]["window"] == label
+        assert sum(e["name"] == "it" and e["ph"] == "X" for e in doc["traceEvents"]) == calls
+        table = io.StringIO()
+        cudatimer.to_csv(table, **window)
+        assert [row["calls"] for row in csv.DictReader(io.StringIO(table.getvalue()))] == [
+            str(calls)
+        ]
+        assert cudatimer.to_dataframe(**window)["calls"].tolist() == [calls]
+        page = io.StringIO()
+        cudatimer.html(page, **window)
+        assert f'["steps","1 ({label})"]' in page.getvalue()
+        assert _plotted(monkeypatch, window)["it"].calls == calls
+
+
+@pytest.mark.parametrize(
+    "verb",
+    ["report", "save", "step_series", "export_trace", "to_csv", "to_dataframe", "plot", "html"],
+)
+def test_every_output_takes_the_same_window_options(tmp_path: Path, verb: str) -> None:
+    """Each output's options hold the window's, and an unknown one is refused listing them."""
+    from cudatimer.regions import _output
+
+    window = tuple(_output.Window.__annotations__)
+    assert window == ("timeout_s", "last", "steps", "warmup")
+    timer = Timer(name="opts")
+    with timer.region("it"):
+        pass
+    timer.step()
+    method = getattr(timer, verb)
+    needs_path = verb in ("save", "export_trace", "to_csv", "plot", "html")
+    target: tuple[object, ...] = (tmp_path / f"out.{verb}",) if needs_path else ()
+    if verb == "report":
+        target, extra = (), {"file": io.StringIO()}
+    else:
+        extra = {}
+    with pytest.raises(TypeError) as info:
+        method(*target, warm_up=1, **extra)
+    message = str(info.value)
+    assert message.startswith(f"{verb}() got unknown option(s) warm_up; its options are ")
+    assert message.split("its options are ")[1].startswith(", ".join(window))
+    optional = {"plot": "matplotlib", "to_dataframe": "pandas"}
+    if verb in optional:
+        pytest.importorskip(optional[verb])
+    method(*target, timeout_s=5.0, last=1, steps=None, warmup=0, **extra)
 
 
 def test_dropped_steps_are_noted(clock: _Clock) -> None:

@@ -15,7 +15,6 @@ report is asked.
 from __future__ import annotations
 
 import itertools
-import logging
 import math
 import os
 import threading
@@ -30,12 +29,13 @@ from typing_extensions import Unpack  # a dependency of torch; imported for get_
 from .._config import DISABLED_AT_IMPORT, PURE_PYTHON
 from ..core import _core, _device
 from ..recorder._recorder import Recorder
-from ..records._ranks import RankSummary
 from ..records._records import StepStats, Summary
 from ..sources import _backward, _compile
+from . import _output
 from ._nvtx import Domain, resolve_color
 
 F = TypeVar("F", bound=Callable[..., Any])
+StrPath = str | os.PathLike[str]
 
 # Bounds of the NVTX event attributes, checked when a region or marker is made, so an argument
 # fails the same way whether or not a tool is attached (the nvtx package only converts them
@@ -638,17 +638,8 @@ class Timer:
         store.step += 1
         return store.step
 
-    # -- reading ------------------------------------------------------------------------------
-    def summary(
-        self,
-        *,
-        timeout_s: float = 60.0,
-        last: int | None = None,
-        steps: Iterable[int] | None = None,
-        warmup: int = 0,
-        step_stats: bool = False,
-        trace: bool = False,
-    ) -> Summary:
+    # -- reading and outputs (none of them clears anything; see ``_output``) -------------------
+    def summary(self, **options: Unpack[_output.SummaryOptions]) -> Summary:
         """Resolve every finished sample and return frozen records (never clears anything).
 
         Waits at most ``timeout_s`` for GPU work still running; samples not finished by then
@@ -659,7 +650,8 @@ class Timer:
         A window of steps (``step()`` marks them): ``last=N`` covers the last N finished steps,
         ``steps=range(10, 20)`` (or any step numbers) those steps, ``warmup=K`` skips steps
         before K (alone: every finished step from K on). Window statistics are rebuilt from the
-        raw samples of the last ``keep_steps`` steps; sync counts stay whole-run.
+        raw samples of the last ``keep_steps`` steps; sync counts stay whole-run. A summary of
+        a window that holds no step is empty (``steps`` 0); the outputs below refuse one.
         ``step_stats=True`` adds per-step records (``Summary.step_stats``), ``trace=True`` the
         last ``trace_samples`` calls placed on their timelines (``Summary.trace``).
 
@@ -672,24 +664,10 @@ class Timer:
         >>> t.summary(warmup=1).steps, t.summary(last=2)["it"].calls
         (3, 2)
         """
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
-            raise TypeError(
-                f"timeout_s must be a number of seconds, got {type(timeout_s).__name__}"
-            )
-        try:
-            seconds = float(timeout_s)
-        except OverflowError:  # an int too large for a float
-            seconds = math.inf
-        if not math.isfinite(seconds):
-            raise ValueError(
-                f"timeout_s must be a finite number of seconds (a report never waits for ever; "
-                f"pass e.g. 3600 to wait long), got {timeout_s!r}"
-            )
-        if seconds < 0:
-            raise ValueError(f"timeout_s must be >= 0, got {timeout_s}")
-        for arg, flag in (("step_stats", step_stats), ("trace", trace)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{arg} must be a bool, got {type(flag).__name__}")
+        return _output.summary(self, options)
+
+    def meta(self) -> tuple[tuple[str, str], ...]:
+        """What this Timer adds to ``Summary.meta``: its name, torch's version, its notes."""
         meta: tuple[tuple[str, str], ...] = (
             ("timer", self.name),
             ("torch", str(torch.__version__)),
@@ -703,104 +681,20 @@ class Timer:
         ):
             if note:
                 meta += ((key, note),)
-        return self.recorder.summary(
-            meta,
-            seconds,
-            {"last": last, "steps": steps, "warmup": warmup},
-            step_stats,
-            trace,
-        )
+        return meta
 
-    def _resolved(
-        self,
-        summary: Summary | None,
-        timeout_s: float,
-        window: dict[str, Any],
-        *,
-        step_stats: bool = False,
-        trace: bool = False,
-    ) -> Summary:
-        """The Summary an output renders: ``summary`` as given, else this Timer's."""
-        if summary is None:
-            return self.summary(timeout_s=timeout_s, step_stats=step_stats, trace=trace, **window)
-        if not isinstance(summary, Summary):
-            raise TypeError(
-                f"summary must be a cudatimer.Summary (e.g. cudatimer.load(path)), got "
-                f"{type(summary).__name__}"
-            )
-        if window:
-            raise TypeError(
-                f"{', '.join(sorted(window))}: a window applies to a Timer's own results; "
-                "a given summary is rendered as it is"
-            )
-        return summary
+    # Every output takes a window (``last``/``steps``/``warmup``) and ``timeout_s`` as summary
+    # does, and refuses a window that holds no step, naming it and the steps there were.
+    def report(self, **options: Unpack[_output.ReportOptions]) -> str:
+        """Print the table of this Timer's results (or of ``summary``) and return it: to
+        stdout, ``file`` (a text stream) or ``logger`` (at ``level``). The table's options:
+        ``view``, ``sort``, ``fmt``, ``columns``, ``match``, ``min_share``, ``top_syncs``."""
+        return _output.report(self, options)
 
-    def _windowed(
-        self, verb: str, timeout_s: float, window: dict[str, Any], **what: bool
-    ) -> Summary:
-        """This Timer's summary for an output that writes a file: refused when the window
-        holds no step, which would otherwise write an empty run (or fail naming the symptom,
-        "no regions", instead of the cause)."""
-        result = self._resolved(None, timeout_s, window, **what)
-        if dict(result.meta).get("window") != "no steps":
-            return result
-        asked = ", ".join(f"{k}={v!r}" for k, v in window.items())
-        marked = self.recorder.store.step
-        if marked == 0:
-            cause = (
-                "no step was marked (step() was never called), so every call is in step 0, "
-                "which is still in progress"
-            )
-        else:
-            cause = (
-                f"{marked} step(s) were marked, and the window covers none of the finished "
-                f"steps 0-{marked - 1}"
-            )
-        raise ValueError(
-            f"{verb}({asked}): the window holds no finished step: {cause}. Call "
-            "cudatimer.step() (or timer.step()) once after each iteration, or leave out "
-            "last/steps/warmup to use the whole run"
-        )
-
-    def report(
-        self,
-        *,
-        timeout_s: float = 60.0,
-        file: IO[str] | None = None,
-        logger: logging.Logger | None = None,
-        level: int = logging.INFO,
-        summary: Summary | None = None,
-        last: int | None = None,
-        steps: Iterable[int] | None = None,
-        warmup: int = 0,
-        **options: Any,
-    ) -> str:
-        """Render this Timer's results (or ``summary``) and print them; returns the text.
-
-        Output goes to stdout, or to ``file`` (a text stream), or to ``logger`` (a
-        ``logging.Logger``, at ``level``). ``last``/``steps``/``warmup`` pick a window of steps
-        as in :meth:`summary`. Other options go to the renderer: ``view`` ("flat" or "tree"),
-        ``sort``, ``fmt`` (any tabulate format), ``columns``, ``match``, ``min_share``.
-        """
-        from ..render._report import emit, render
-
-        emit("", file=file, logger=logger, level=level, check_only=True)
-        window: dict[str, Any] = {"last": last, "steps": steps, "warmup": warmup}
-        window = {k: v for k, v in window.items() if v is not None and (k != "warmup" or v != 0)}
-        text = render(self._resolved(summary, timeout_s, window), **options)
-        emit(text, file=file, logger=logger, level=level)
-        return text
-
-    def save(
-        self, path: str | os.PathLike[str], *, timeout_s: float = 60.0, **window: Any
-    ) -> Summary:
-        """Write this Timer's summary as JSON (``cudatimer.load`` reads it back exactly),
-        with its per-step stats and trace samples; ``window``: last/steps/warmup."""
-        from ..render._export import save
-
-        result = self._windowed("save", timeout_s, window, step_stats=True, trace=True)
-        save(result, path)
-        return result
+    def save(self, path: str | os.PathLike[str], **options: Unpack[_output.Window]) -> Summary:
+        """Write this Timer's results as JSON with per-step rows and trace samples (read back
+        exactly by ``cudatimer.load``); returns the Summary written."""
+        return _output.save(self, path, options)
 
     def reset(self) -> None:
         """Forget every result of this Timer. Samples still on the GPU are discarded when they
@@ -811,148 +705,38 @@ class Timer:
         self._samplers = {}
         self.recorder.reset()
 
-    # -- data and exports (reading only: none of these clears anything) ------------------------
-    def step_series(
-        self,
-        *,
-        timeout_s: float = 60.0,
-        last: int | None = None,
-        steps: Iterable[int] | None = None,
-        warmup: int = 0,
-    ) -> tuple[StepStats, ...]:
+    def step_series(self, **options: Unpack[_output.Window]) -> tuple[StepStats, ...]:
         """Per-step time of every region, one ``StepStats`` per (step, region, clock), ordered
-        by step then tree order, for the kept steps (the last ``keep_steps``) in the window.
-
-        >>> import cudatimer
-        >>> t = cudatimer.Timer(name="series")
-        >>> for i in range(3):
-        ...     with t.region("it"):
-        ...         pass
-        ...     _ = t.step()
-        >>> [(s.step, s.name, s.calls) for s in t.step_series(warmup=1)]
-        [(1, 'it', 1), (2, 'it', 1)]
-        """
-        return self.summary(
-            timeout_s=timeout_s, last=last, steps=steps, warmup=warmup, step_stats=True
-        ).step_stats
+        by step then tree order, for the kept steps (the last ``keep_steps``) in the window."""
+        return _output.step_series(self, options)
 
     def export_trace(
-        self,
-        path: str | os.PathLike[str] | IO[str],
-        *,
-        timeout_s: float = 60.0,
-        summary: Summary | None = None,
-        **window: Any,
+        self, path: StrPath | IO[str], **options: Unpack[_output.TraceOptions]
     ) -> None:
-        """Write the last ``trace_samples`` calls (of this Timer, or of ``summary``) as a
-        Chrome/Perfetto trace (JSON): GPU spans on a track per device and stream, host spans
-        on a track per thread. Open it in https://ui.perfetto.dev or chrome://tracing.
-        ``window``: last/steps/warmup."""
-        from ..render._trace import write_chrome
+        """Write the last ``trace_samples`` calls (or ``summary``'s) as a Chrome/Perfetto trace
+        (JSON; https://ui.perfetto.dev): GPU spans per device and stream, host spans per thread."""
+        _output.export_trace(self, path, options)
 
-        if summary is None and window:
-            result = self._windowed("export_trace", timeout_s, window, trace=True)
-        else:
-            result = self._resolved(summary, timeout_s, window, trace=True)
-        write_chrome(result, path)
-
-    def to_csv(
-        self,
-        path: str | os.PathLike[str] | IO[str],
-        *,
-        what: str = "regions",
-        timeout_s: float = 60.0,
-        summary: Summary | None = None,
-        **window: Any,
-    ) -> None:
+    def to_csv(self, path: StrPath | IO[str], **options: Unpack[_output.TableOptions]) -> None:
         """Write regions (``what="regions"``), per-step stats ("steps") or trace samples
-        ("trace") as CSV to a path or a text stream. ``window``: last/steps/warmup."""
-        from ..render._export import to_csv
+        ("trace") as CSV to a path or a text stream."""
+        _output.to_csv(self, path, options)
 
-        result = self._resolved(
-            summary, timeout_s, window, step_stats=what == "steps", trace=what == "trace"
-        )
-        to_csv(result, path, what=what)
-
-    def to_dataframe(
-        self,
-        *,
-        what: str = "regions",
-        timeout_s: float = 60.0,
-        summary: Summary | None = None,
-        **window: Any,
-    ) -> Any:
+    def to_dataframe(self, **options: Unpack[_output.TableOptions]) -> Any:
         """A pandas DataFrame of regions, per-step stats ("steps") or trace samples ("trace")
-        (pandas is optional; ImportError names it if missing). ``window``: last/steps/warmup."""
-        from ..render._export import to_dataframe
+        (pandas is optional; ImportError names it if missing)."""
+        return _output.to_dataframe(self, options)
 
-        result = self._resolved(
-            summary, timeout_s, window, step_stats=what == "steps", trace=what == "trace"
-        )
-        return to_dataframe(result, what=what)
+    def plot(self, path: StrPath | IO[bytes], **options: Unpack[_output.PlotOptions]) -> None:
+        """Write a PNG of where time goes (the ``top`` regions, GPU vs CPU; time per step when
+        steps were marked). Needs matplotlib."""
+        _output.plot(self, path, options)
 
-    def plot(
-        self,
-        path: str | os.PathLike[str] | IO[bytes],
-        *,
-        top: int = 12,
-        timeout_s: float = 60.0,
-        summary: Summary | None = None,
-        **window: Any,
-    ) -> None:
-        """Write a PNG of where time goes (top regions, GPU vs CPU; time per step when steps
-        were marked). Needs matplotlib. ``window``: last/steps/warmup."""
-        from ..render._plot import plot
-
-        if summary is None and window:
-            result = self._windowed("plot", timeout_s, window, step_stats=True)
-        else:
-            result = self._resolved(summary, timeout_s, window, step_stats=True)
-        plot(result, path, top=top)
-
-    def html(
-        self,
-        path: str | os.PathLike[str] | IO[str],
-        *,
-        summary: Summary | RankSummary | None = None,
-        base: Summary | None = None,
-        top: int = 8,
-        title: str | None = None,
-        stat: str = "mean",
-        tolerance: float = 0.02,
-        timeout_s: float = 60.0,
-        **window: Any,
-    ) -> None:
-        """Write one self-contained HTML page (no network needed to open it) of this Timer's
-        results, or of ``summary`` (a Summary, or a cross-rank ``RankSummary``): the region
-        tree with GPU and CPU time side by side, sortable and collapsible, the per-step time
-        of the ``top`` regions, the sync sites. ``base``: compare with that run first (as
-        ``cudatimer compare BASE NEW``, by ``stat``). ``window``: last/steps/warmup.
-
-        >>> import cudatimer, io
-        >>> t = cudatimer.Timer(name="page")
-        >>> with t.region("step"):
-        ...     pass
-        >>> page = io.StringIO()
-        >>> t.html(page)
-        >>> "</html>" in page.getvalue()
-        True
-        """
-        from ..render._html import write_html
-
-        run: Summary | RankSummary
-        if isinstance(summary, RankSummary):
-            if window:
-                raise TypeError(
-                    f"{', '.join(sorted(window))}: a window applies to a Timer's own results; "
-                    "a given summary is rendered as it is"
-                )
-            run = summary
-        elif summary is None and window:
-            run = self._windowed("html", timeout_s, window, step_stats=True)
-        else:
-            run = self._resolved(summary, timeout_s, window, step_stats=True)
-        write_html(run, path, base=base, top=top, title=title, stat=stat, tolerance=tolerance)
+    def html(self, path: StrPath | IO[str], **options: Unpack[_output.HtmlOptions]) -> None:
+        """Write one self-contained HTML page of this Timer's results, or of ``summary`` (a
+        Summary or a cross-rank ``RankSummary``); ``base``: a run to compare with first (by
+        ``stat``, within ``tolerance``); ``top``: regions charted per step; ``title``."""
+        _output.html(self, path, options)
 
 
 #: Every live Timer (sync detection, the report at exit and fork handling look them up).

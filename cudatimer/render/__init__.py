@@ -1,5 +1,5 @@
-"""Renderers: frozen records in, ``str`` or a written file out (tables, JSON/CSV/DataFrame,
-Chrome traces, PNG, HTML). Only ``_report`` imports tabulate.
+"""Renderers: frozen records in, text or bytes out (tables, JSON/CSV/DataFrame, Chrome traces,
+PNG, HTML), written by the one writer (``_write``). Only ``_report`` imports tabulate.
 """
 
 __all__: list[str] = []

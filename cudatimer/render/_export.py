@@ -9,17 +9,14 @@ regions is 50,000 rows, which one object per row would make several times larger
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import dataclasses
-import errno
 import io
-import itertools
 import json
 import math
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from itertools import accumulate
 from typing import IO, Any
 
@@ -32,6 +29,7 @@ from ..records._records import (
     SyncSite,
     TraceSample,
 )
+from ._write import check_path, to_file, to_path
 
 FORMAT = "cudatimer.summary"
 
@@ -61,13 +59,6 @@ REGION_COLUMNS = (
 STEP_COLUMNS = tuple(f.name for f in dataclasses.fields(StepStats))
 TRACE_COLUMNS = tuple(f.name for f in dataclasses.fields(TraceSample))
 WHATS = ("regions", "steps", "trace")
-_TMP_SEQ = itertools.count()
-
-
-def _check_path(path: object) -> str:
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a file path (str or os.PathLike), got {type(path).__name__}")
-    return os.fspath(path)  # type: ignore[arg-type]
 
 
 def summary_to_dict(summary: Summary) -> dict[str, Any]:
@@ -169,7 +160,7 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     """The JSON document in ``path``, refused with a ValueError naming the file when it is not
     UTF-8 JSON or nests deeper than ``MAX_JSON_DEPTH``. Integers of more than 40 digits stay
     unconverted (``summary_from_dict`` refuses them by field)."""
-    path = _check_path(path)
+    path = check_path(path)
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -421,54 +412,11 @@ def summary_from_dict(data: Any) -> Summary:
         raise ValueError(f"malformed cudatimer summary: {exc!r}") from exc
 
 
-def _open_new(path: str, binary: bool, newline: str | None) -> IO[Any]:
-    if binary:
-        return open(path, "wb")
-    return open(path, "w", encoding="utf-8", newline=newline)
-
-
-def write_atomic(
-    path: str | os.PathLike[str],
-    write: Callable[[IO[Any]], object],
-    *,
-    binary: bool = False,
-    newline: str | None = None,
-) -> None:
-    """Call ``write(file)`` on a temporary file next to ``path``, then rename it to ``path``:
-    on any failure the temporary file is removed and a previous ``path`` is left as it was.
-
-    A missing folder is created (as ``mkdir -p`` would): per-rank files such as
-    ``timings/rank3.json`` are written by every rank of a job, and a job that fails at its
-    last line for want of a folder loses the run. An error opening the file names ``path``,
-    never the temporary file the user did not ask for."""
-    target = _check_path(path)
-    tmp = f"{target}.tmp{os.getpid()}.{next(_TMP_SEQ)}"
-    folder = os.path.dirname(target)
-    try:
-        if folder and not os.path.isdir(folder):
-            try:
-                os.makedirs(folder, exist_ok=True)
-            except FileExistsError:  # a part of the folder's path is a file
-                raise NotADirectoryError(errno.ENOTDIR, "Not a directory", folder) from None
-        file = _open_new(tmp, binary, newline)
-    except OSError as exc:
-        raise type(exc)(exc.errno, exc.strerror, target) from None
-    try:
-        with file as f:
-            write(f)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
-
-
 def save(summary: Summary, path: str | os.PathLike[str]) -> None:
     """Write ``summary`` as JSON to ``path`` (atomically: a crash never leaves half a file)."""
     if not isinstance(summary, Summary):
         raise TypeError(f"summary must be a cudatimer.Summary, got {type(summary).__name__}")
-    text = dumps(summary)
-    write_atomic(path, lambda f: f.write(text))
+    to_path(path).write(dumps(summary))
 
 
 def dumps(summary: Summary) -> str:
@@ -490,7 +438,7 @@ def load(path: str | os.PathLike[str]) -> Summary:
     (and the field) when it is not one: not JSON, nested deeper than ``MAX_JSON_DEPTH``, or a
     field of the wrong type or out of range (negative or fractional counts, non-finite times,
     bucket indices outside ``BUCKET_RANGE``, buckets that do not add up, min above max...)."""
-    path = _check_path(path)
+    path = check_path(path)
     data = read_json(path)
     try:
         return summary_from_dict(data)
@@ -499,7 +447,7 @@ def load(path: str | os.PathLike[str]) -> Summary:
 
 
 # -- tables: CSV and DataFrames --------------------------------------------------------------
-def _check_what(what: object) -> str:
+def check_what(what: object) -> str:
     if what not in WHATS:
         raise ValueError(f"what must be one of {', '.join(WHATS)}; got {what!r}")
     return str(what)
@@ -509,7 +457,7 @@ def table(summary: Summary, what: str = "regions") -> tuple[tuple[str, ...], lis
     """Column names and rows of ``summary``'s regions, step stats or trace samples."""
     if not isinstance(summary, Summary):
         raise TypeError(f"summary must be a cudatimer.Summary, got {type(summary).__name__}")
-    what = _check_what(what)
+    what = check_what(what)
     if what == "steps":
         return STEP_COLUMNS, [list(dataclasses.astuple(s)) for s in summary.step_stats]
     if what == "trace":
@@ -517,10 +465,8 @@ def table(summary: Summary, what: str = "regions") -> tuple[tuple[str, ...], lis
     return REGION_COLUMNS, [[getattr(r, c) for c in REGION_COLUMNS] for r in summary.regions]
 
 
-def to_csv(
-    summary: Summary, path: str | os.PathLike[str] | IO[str], *, what: str = "regions"
-) -> None:
-    """Write one table of ``summary`` as CSV to a path or a text stream.
+def render_csv(summary: Summary, what: str = "regions") -> str:
+    """One table of ``summary`` as CSV text.
 
     ``what``: "regions" (one row per region and clock, times in ms, empty where a value does
     not apply, e.g. GPU columns of host rows), "steps" (``summary.step_stats``) or "trace".
@@ -531,13 +477,14 @@ def to_csv(
     writer.writerow(columns)
     for row in rows:
         writer.writerow(["" if v is None else repr(v) if isinstance(v, float) else v for v in row])
-    if hasattr(path, "write"):
-        path.write(buf.getvalue())  # type: ignore[union-attr]
-        return
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a file path or a text stream, got {type(path).__name__}")
-    text = buf.getvalue()
-    write_atomic(path, lambda f: f.write(text), newline="")
+    return buf.getvalue()
+
+
+def to_csv(
+    summary: Summary, path: str | os.PathLike[str] | IO[str], *, what: str = "regions"
+) -> None:
+    """Write ``render_csv(summary, what)`` to a path (atomically) or a text stream."""
+    to_file(path).write(render_csv(summary, what))
 
 
 def to_dataframe(summary: Summary, *, what: str = "regions") -> Any:

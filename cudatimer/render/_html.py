@@ -33,7 +33,6 @@ from typing import IO, Any
 
 from ..records._ranks import RankSummary
 from ..records._records import RegionStats, Summary
-from ._export import write_atomic
 from ._report import (
     COMPARE_STATS,
     TREE_LEVELS,
@@ -45,6 +44,7 @@ from ._report import (
     rank_ranges,
     summary_notes,
 )
+from ._write import to_file
 
 __all__ = ["CHART_STEPS", "render_html", "write_html"]
 
@@ -446,13 +446,8 @@ def write_html(
 ) -> None:
     """Write ``render_html(run, **options)`` to a path (atomically: a failure leaves no partial
     file) or a text stream."""
-    if not hasattr(path, "write") and not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a file path or a text stream, got {type(path).__name__}")
-    text = render_html(run, **options)
-    if hasattr(path, "write"):
-        path.write(text)  # type: ignore[union-attr]
-        return
-    write_atomic(path, lambda f: f.write(text))  # type: ignore[arg-type]
+    target = to_file(path)
+    target.write(render_html(run, **options))
 
 
 _STYLE = """

@@ -7,13 +7,14 @@ user's backend nor opens a window (and works on machines without a display).
 
 from __future__ import annotations
 
+import io
 import os
 from typing import IO, Any
 
 from ..records._records import RegionStats, Summary
-from ._export import write_atomic
+from ._write import to_file
 
-__all__ = ["plot"]
+__all__ = ["plot", "render_png"]
 
 _GPU_COLOR, _CPU_COLOR = "#4363d8", "#f58231"
 
@@ -41,11 +42,17 @@ def plot(
     top: int = 12,
     title: str | None = None,
 ) -> None:
-    """Write a PNG: the ``top`` regions by time (GPU and CPU total side by side), and, when the
+    """Write ``render_png(summary, top=top, title=title)`` to ``path``: a file path (written
+    atomically: on failure no partial file is left) or a binary stream."""
+    target = to_file(path, binary=True)
+    target.write(render_png(summary, top=top, title=title))
+
+
+def render_png(summary: Summary, *, top: int = 12, title: str | None = None) -> bytes:
+    """A PNG: the ``top`` regions by time (GPU and CPU total side by side), and, when the
     summary carries per-step stats of 2 steps or more, their time per step below.
 
-    Times are inclusive (a parent's bar contains its children's). ``path`` is a file path
-    (written atomically: on failure no partial file is left) or a binary stream.
+    Times are inclusive (a parent's bar contains its children's).
     """
     if not isinstance(summary, Summary):
         raise TypeError(f"summary must be a cudatimer.Summary, got {type(summary).__name__}")
@@ -53,8 +60,6 @@ def plot(
         raise TypeError(f"top must be an int, got {type(top).__name__}")
     if top < 1:
         raise ValueError(f"top must be >= 1, got {top}")
-    if not hasattr(path, "write") and not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a file path or a binary stream, got {type(path).__name__}")
     if not summary.regions:
         raise ValueError("nothing to plot: the summary has no regions")
     figure_cls, canvas_cls = _import_matplotlib()
@@ -92,10 +97,9 @@ def plot(
     bars_ax.set_title(title if title is not None else default_title)
     if steps_ax is not None:
         _plot_steps(steps_ax, summary, regions[: min(5, len(regions))], steps)
-    if isinstance(path, (str, os.PathLike)):  # a failed write leaves no partial PNG behind
-        write_atomic(path, lambda f: fig.savefig(f, format="png"), binary=True)
-    else:
-        fig.savefig(path, format="png")
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    return png.getvalue()
 
 
 def _plot_steps(ax: Any, summary: Summary, regions: list[RegionStats], steps: list[int]) -> None:

@@ -7,9 +7,7 @@ Each row's *time* is its GPU time where it was timed on the GPU, else its host t
 
 from __future__ import annotations
 
-import logging
 import math
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -28,7 +26,6 @@ __all__ = [
     "Compared",
     "compare_note",
     "compared",
-    "emit",
     "render",
     "render_compare",
 ]
@@ -404,8 +401,8 @@ def summary_notes(
         notes.append(meta["core_note"])
     if meta.get("window") == "no steps":
         notes.append(
-            "no finished step in this window: mark steps with cudatimer.step() after each "
-            "iteration (a window counts finished steps only, unless steps= names them)"
+            "this summary's window holds no step, so it has no regions: a window covers "
+            "finished steps only (each step() call ends one), unless steps= names them"
         )
     elif "window" in meta:
         window = f"statistics cover {meta['window']} ({summary.steps} step(s))"
@@ -722,32 +719,3 @@ def render_ranks(
     if skipped:
         notes.append(f"{skipped} call(s) had no GPU timing (entered during CUDA graph capture)")
     return text + "".join(f"\nnote: {note}" for note in notes)
-
-
-def emit(
-    text: str,
-    *,
-    file: object = None,
-    logger: object = None,
-    level: int = logging.INFO,
-    check_only: bool = False,
-) -> None:
-    """Print ``text`` to stdout, or write it to ``file`` (a text stream), or log it to
-    ``logger`` (one record, so handlers keep the table whole). ``check_only``: validate only."""
-    if file is not None and logger is not None:
-        raise ValueError("give either file= or logger=, not both")
-    if file is not None and not callable(getattr(file, "write", None)):
-        raise TypeError(
-            f"file must be a text stream with .write() (e.g. sys.stderr or an open file), got "
-            f"{type(file).__name__}; to save results to a path use save(path)"
-        )
-    if logger is not None and not isinstance(logger, logging.Logger):
-        raise TypeError(f"logger must be a logging.Logger, got {type(logger).__name__}")
-    if isinstance(level, bool) or not isinstance(level, int):
-        raise TypeError(f"level must be a logging level (int), got {type(level).__name__}")
-    if check_only:
-        return
-    if logger is not None:
-        logger.log(level, "%s", text)
-    else:
-        print(text, file=sys.stdout if file is None else file)  # type: ignore[arg-type]

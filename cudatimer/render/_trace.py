@@ -22,9 +22,9 @@ import os
 from typing import IO, Any
 
 from ..records._records import Summary
-from ._export import write_atomic
+from ._write import to_file
 
-__all__ = ["to_chrome", "write_chrome"]
+__all__ = ["render_trace", "to_chrome", "write_chrome"]
 
 FORMAT = "cudatimer.trace"
 
@@ -158,30 +158,19 @@ def to_chrome(summary: Summary) -> dict[str, Any]:
     }
 
 
-def write_chrome(summary: Summary, path: str | os.PathLike[str] | IO[str]) -> None:
-    """Write ``to_chrome(summary)`` to a path (atomically) or a text stream."""
-    if not hasattr(path, "write") and not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a file path or a text stream, got {type(path).__name__}")
+def render_trace(summary: Summary) -> str:
+    """``to_chrome(summary)`` as JSON text (refused when the summary holds no trace samples)."""
     if isinstance(summary, Summary) and not summary.trace:
         raise ValueError(
             "nothing to trace: this summary holds no trace samples (take it with "
             "summary(trace=True), or save() the run; Timer(trace_samples=0) keeps none)"
         )
-    _write_json(to_chrome(summary), path)
+    return json.dumps(to_chrome(summary), allow_nan=False) + "\n"
 
 
-def _write_json(doc: Any, path: str | os.PathLike[str] | IO[str]) -> None:
-    """Write ``doc`` as JSON to a text stream, or to a path through a temporary file renamed
-    into place (a failure, e.g. a NaN that ``allow_nan=False`` refuses or a full disk, leaves
-    neither a temporary file nor half a trace, and a previous file as it was)."""
-    if hasattr(path, "write"):
-        json.dump(doc, path, allow_nan=False)  # type: ignore[arg-type]
-        return
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a file path or a text stream, got {type(path).__name__}")
-
-    def write(f: IO[str]) -> None:
-        json.dump(doc, f, allow_nan=False)
-        f.write("\n")
-
-    write_atomic(path, write)
+def write_chrome(summary: Summary, path: str | os.PathLike[str] | IO[str]) -> None:
+    """Write ``render_trace(summary)`` to a path (atomically: a failure, e.g. a NaN that
+    ``allow_nan=False`` refuses, leaves neither a temporary file nor half a trace, and a
+    previous file as it was) or a text stream."""
+    target = to_file(path)
+    target.write(render_trace(summary))
