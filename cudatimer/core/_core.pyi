@@ -12,6 +12,14 @@ A region boundary is recorded by a *source*: today a pooled CUDA event on a stre
 general path). Another source (a marker op in compiled graphs, a device timestamp in a CUDA
 graph) only has to call ``Store.record`` with the sample it resolved: the records and the
 renderers never see where a sample came from.
+
+Both implementations hold to this file name by name and signature by signature (checked by
+``tests/test_core_stub.py``): parameter names, kinds and defaults, and no public name besides.
+A ``/`` marks the parameters the C core takes by position only (one-argument and fast-call
+methods: no keyword parsing on the hot path); the Python core takes them the same way. The
+records (``HistState`` to ``Snapshot``) are ``NamedTuple`` classes in Python and struct
+sequences in C: their fields, by name and in this order, are the contract; only the core builds
+them. The C core's own extras are declared in ``_speedups.pyi``.
 """
 
 from collections.abc import Callable
@@ -38,7 +46,7 @@ def set_stream_getter(getter: Callable[[int], tuple[int, int, int]] | None, c10:
     current device). ``c10``: the getter is torch's own and checked, so the C implementation
     may read c10's current stream directly instead of calling it."""
 
-def set_usable(on: bool) -> None: ...
+def set_usable(on: bool, /) -> None: ...
 def runtime_bound() -> bool: ...
 def now_ns() -> int:
     """The host clock of every sample (CLOCK_MONOTONIC), in ns."""
@@ -75,17 +83,17 @@ class Stack:
     def base(self) -> int:
         """The slot regions nest under while it is empty: -1 (the root) for a thread; for a
         task, the innermost region open where the task first opened one."""
-    def push(self, frame: Frame) -> None: ...
+    def push(self, frame: Frame, /) -> None: ...
     def pop(self) -> Frame:
         """The innermost frame, removed (IndexError when empty)."""
 
     def top(self) -> Frame | None: ...
-    def take(self, region: Any) -> Frame | None:
+    def take(self, region: Any, /) -> Frame | None:
         """Remove and return the innermost frame of ``region`` (None if it has none)."""
 
     def frames(self) -> list[Frame]: ...
     def clear(self) -> None: ...
-    def bury(self, grave: list[Any]) -> None:
+    def bury(self, grave: list[Any], /) -> None:
         """Forked child: TIMED frames become HOST frames, their events go into ``grave``."""
 
     def __len__(self) -> int: ...
@@ -123,7 +131,7 @@ class StreamRec:
         """A pooled event recorded on this stream now (``torch_record``: by torch's record,
         which switches to the event's device first)."""
 
-    def give(self, event: Any) -> None: ...
+    def give(self, event: Any, /) -> None: ...
     def push(
         self,
         store: Store,
@@ -142,9 +150,9 @@ class StreamRec:
 
     def harvest(self) -> None: ...
 
-def stream_of(key: tuple[int, int, int]) -> StreamRec | None: ...
+def stream_of(key: tuple[int, int, int], /) -> StreamRec | None: ...
 def new_stream(
-    key: tuple[int, int, int], stream: Any, raw: int | None, make_event: Callable[[], Any]
+    key: tuple[int, int, int], stream: Any, raw: int | None, make_event: Callable[[], Any], /
 ) -> StreamRec:
     """Make and register the record of ``key`` (a default stream's also serves the hot path)."""
 
@@ -152,7 +160,7 @@ def all_streams() -> list[StreamRec]: ...
 def forget_streams(grave: list[Any] | None = None) -> None: ...
 def pending_total() -> int: ...
 def clear_pending() -> None: ...
-def drain(timeout_s: float) -> int:
+def drain(timeout_s: float, /) -> int:
     """Poll (never block in CUDA) until every stream's newest sample is done or the time is
     up, harvest, and return how many samples are still pending."""
 
@@ -211,6 +219,11 @@ class Store:
     def keep_steps(self) -> int: ...
     @property
     def trace_samples(self) -> int: ...
+    @property
+    def step_cap(self) -> int:
+        """Raw samples kept per step; past it the step's series are dropped."""
+    @property
+    def child(self) -> Callable[[int, str], int]: ...
     def __init__(
         self,
         keep_steps: int,
@@ -267,7 +280,7 @@ class Store:
         starts are placed with the result (``at_ns = timestamp - offset``), which is returned.
         CPU time is 0; ValueError on a length or index that does not fit."""
     def count(self, slot: int, gen: int, dev: int) -> None: ...
-    def orphan(self, region: Any) -> bool:
+    def orphan(self, region: Any, /) -> bool:
         """Mark the innermost frame of ``region`` on another thread's stack ORPHAN (a call
         closed elsewhere: a generator collected on another thread); False if none."""
 
@@ -294,12 +307,12 @@ class RegionBase:
     ) -> None:
         """``exit(region, exc_type)``: the general hook, with the block's exception type;
         ``start(attrs)`` -> range id and ``end(range_id)``: NVTX of detached calls."""
-    def open_at(self, slot: int, gen: int) -> Frame | None:
+    def open_at(self, slot: int, gen: int, /) -> Frame | None:
         """A detached call (a frame on no stack: a backward row) at ``slot`` in the common
         case of ``__enter__``: a TIMED frame, its start recorded on the current device's
         default stream now, its NVTX range started; None, with nothing done, otherwise (the
         caller takes the general path)."""
-    def close(self, frame: Frame) -> bool:
+    def close(self, frame: Frame, /) -> bool:
         """End a TIMED frame of this region whose stream is still the current one: the end
         recorded, the sample queued, the NVTX range ended, the frame OFF afterwards. False,
         with nothing done, for any other frame or stream (the general path's)."""
@@ -309,11 +322,17 @@ class RegionBase:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
+        /,
     ) -> None: ...
 
 class NullRegion:
-    name: str
+    """What regions become under ``CUDATIMER_DISABLE``: nothing on enter, exit or call."""
+
+    @property
+    def name(self) -> str:
+        """``""``: a disabled region has no name."""
     def __enter__(self) -> NullRegion: ...
     def __exit__(self, *exc: object) -> None: ...
-    def __call__(self, fn: Any) -> Any: ...
+    def __call__(self, fn: Any, /) -> Any:
+        """``fn`` itself: a decorated function comes back unchanged."""
     def backward_from(self, *outputs: object) -> None: ...

@@ -50,13 +50,13 @@ ORPHAN = 6  # closed on another thread (Store.orphan): its own thread drops it w
 GRAPH = 7  # entered while its stream captured a CUDA graph: device timestamps, read per replay
 
 # Set by ``configure`` from the one place that defines them (``_device``); see there.
-INV_LOG_GAMMA = 0.0  # the C implementation's bucket rule; HistBuilder has its own here
+_INV_LOG_GAMMA = 0.0  # the C implementation's bucket rule; HistBuilder has its own here
 _HARVEST_BATCH = 256
 _ANCHOR_HOP_MS = 100.0
 _PREWARM = 0
 
 #: The host clock of every sample (CLOCK_MONOTONIC on Linux, as the C implementation reads).
-now_ns = time.perf_counter_ns
+_now_ns = time.perf_counter_ns  # the hot path calls it directly: no Python frame
 _get_ident = threading.get_ident
 _NAN = math.nan
 _isnan = math.isnan
@@ -80,10 +80,10 @@ def configure(
     *, inv_log_gamma: float, harvest_batch: int, anchor_hop_ms: float, prewarm: int
 ) -> None:
     """Set the constants the core works with (``_device`` passes them once, at import)."""
-    global INV_LOG_GAMMA, _HARVEST_BATCH, _ANCHOR_HOP_MS, _PREWARM
+    global _INV_LOG_GAMMA, _HARVEST_BATCH, _ANCHOR_HOP_MS, _PREWARM
     if harvest_batch < 1 or prewarm < 0:
         raise ValueError("harvest_batch must be >= 1 and prewarm >= 0")
-    INV_LOG_GAMMA = float(inv_log_gamma)
+    _INV_LOG_GAMMA = float(inv_log_gamma)
     _HARVEST_BATCH = int(harvest_batch)
     _ANCHOR_HOP_MS = float(anchor_hop_ms)
     _PREWARM = int(prewarm)
@@ -101,10 +101,18 @@ def set_stream_getter(getter: Callable[[int], tuple[int, int, int]] | None, c10:
     _getter = getter
 
 
-def set_usable(on: bool) -> None:
+def set_usable(on: bool, /) -> None:
     """Whether CUDA is in use: the hot path records events only then."""
     global _usable
     _usable = bool(on)
+
+
+def now_ns() -> int:
+    """The host clock of every sample, in ns (``time.perf_counter_ns``: CLOCK_MONOTONIC on
+    Linux, as the C core reads it). A function of its own, not the builtin itself, so that it
+    has the contract's signature (the builtin has none to read); ~30 ns more a call on this
+    core's general path, none on its hot path (which calls the builtin)."""
+    return _now_ns()
 
 
 def runtime_bound() -> bool:
@@ -116,14 +124,19 @@ def runtime_bound() -> bool:
 class Frame:
     """One open region call on a thread's stack (or a detached one: ``range_id`` set).
 
-    The hot path's exit queues the frame itself as the pending sample (``end``, ``extra``,
-    ``t1``, ``step``, ``tid`` and ``store`` set then): one object per region instead of two,
-    ~0.45 us less per region in Python."""
+    The hot path's exit queues the frame itself as the pending sample (``_end``, ``_extra``,
+    ``_t1``, ``_step``, ``_tid`` and ``_store`` set then): one object per region instead of
+    two, ~0.45 us less per region in Python. Those fields are private: the C core's frames
+    have none of them."""
 
     __slots__ = (
+        "_end",
+        "_extra",
+        "_step",
+        "_store",
+        "_t1",
+        "_tid",
         "dev",
-        "end",
-        "extra",
         "gen",
         "kind",
         "range_id",
@@ -131,11 +144,7 @@ class Frame:
         "region",
         "slot",
         "start",
-        "step",
-        "store",
         "t0_ns",
-        "t1",
-        "tid",
     )
 
     def __init__(
@@ -167,22 +176,34 @@ class Frame:
 class Stack(list):  # type: ignore[type-arg]
     """A thread's (or an asyncio task's) open regions, innermost last; ``tid`` is the owning
     thread's id, ``base`` the slot regions nest under when it is empty (-1: the root; a task's
-    stack starts under the region open where the task first opened one), ``owner`` its task."""
+    stack starts under the region open where the task first opened one), ``_owner`` its task.
 
-    __slots__ = ("__weakref__", "base", "owner", "tid")
+    A list, so that the hot path indexes, appends and deletes at C speed; the list's own
+    methods are no part of the contract (the C core's Stack has only the stub's)."""
 
-    def __init__(self, base: int = -1, owner: Any = None) -> None:
+    __slots__ = ("__weakref__", "_owner", "base", "tid")
+
+    def __init__(self) -> None:
         super().__init__()
         self.tid = _get_ident()
-        self.base = base
-        self.owner = owner
+        self.base = -1
+        self._owner: Any = None
 
-    push = list.append
+    # push and pop with the contract's signatures (list.append names its argument ``object``,
+    # list.pop takes an index): ~0.13 us more per push and pop, paid on the general path only;
+    # the hot path appends and deletes through the list itself.
+    def push(self, frame: Frame, /) -> None:
+        self.append(frame)
+
+    def pop(self) -> Frame:  # type: ignore[override]
+        """The innermost frame, removed (IndexError when empty)."""
+        frame: Frame = list.pop(self)
+        return frame
 
     def top(self) -> Frame | None:
         return self[-1] if self else None
 
-    def take(self, region: Any) -> Frame | None:
+    def take(self, region: Any, /) -> Frame | None:
         """Remove and return the innermost frame of ``region`` (None if it has none)."""
         for i in range(len(self) - 1, -1, -1):
             if self[i].region is region:
@@ -193,7 +214,7 @@ class Stack(list):  # type: ignore[type-arg]
     def frames(self) -> list[Frame]:
         return list(self)
 
-    def bury(self, grave: list[Any]) -> None:
+    def bury(self, grave: list[Any], /) -> None:
         """In a forked child: frames timed with events of the parent become host frames;
         their events go into ``grave`` (never released)."""
         for frame in self:
@@ -215,7 +236,18 @@ class _Pending:
     """A region call whose events the GPU may not have reached yet (queued by ``push``; the
     hot path queues its Frame, which has the same fields)."""
 
-    __slots__ = ("end", "extra", "gen", "slot", "start", "step", "store", "t0_ns", "t1", "tid")
+    __slots__ = (
+        "_end",
+        "_extra",
+        "_step",
+        "_store",
+        "_t1",
+        "_tid",
+        "gen",
+        "slot",
+        "start",
+        "t0_ns",
+    )
 
     def __init__(
         self,
@@ -230,23 +262,23 @@ class _Pending:
         step: int,
         tid: int,
     ) -> None:
-        self.store = store
+        self._store = store
         self.slot = slot
         self.gen = gen
         self.start = start
-        self.end = end
-        self.extra = extra
+        self._end = end
+        self._extra = extra
         self.t0_ns = t0
-        self.t1 = t1
-        self.step = step
-        self.tid = tid
+        self._t1 = t1
+        self._step = step
+        self._tid = tid
 
 
 def _done(s: Any) -> bool:
     """Whether every end event of a pending sample is complete (never blocks)."""
-    if not s.end.query():
+    if not s._end.query():
         return False
-    return not s.extra or all(e.query() for e in s.extra)
+    return not s._extra or all(e.query() for e in s._extra)
 
 
 class StreamRec:
@@ -254,15 +286,15 @@ class StreamRec:
     and anchor events that place GPU starts on the host clock for the trace."""
 
     __slots__ = (
-        "anchor",
+        "_anchor",
+        "_check_at",
+        "_make_event",
+        "_pending",
+        "_pool",
+        "_ref",
         "anchor_ms",
-        "check_at",
         "device",
         "key",
-        "make_event",
-        "pending_",
-        "pool",
-        "ref",
         "ref_ns",
         "stream",
     )
@@ -277,42 +309,42 @@ class StreamRec:
         self.key = key
         self.device = key[1]
         self.stream = stream
-        self.make_event = make_event
-        self.pool: list[Any] = []
-        self.pending_: deque[Any] = deque()  # _Pending, or Frames queued by the hot path
-        self.check_at = _HARVEST_BATCH
+        self._make_event = make_event
+        self._pool: list[Any] = []
+        self._pending: deque[Any] = deque()  # _Pending, or Frames queued by the hot path
+        self._check_at = _HARVEST_BATCH
         # GPU starts are read against this reference, recorded now at host time ref_ns.
-        self.ref = make_event()
-        self.ref.record(stream)
-        self.ref_ns = now_ns()
-        self.anchor: Any = self.ref
+        self._ref = make_event()
+        self._ref.record(stream)
+        self.ref_ns = _now_ns()
+        self._anchor: Any = self._ref
         self.anchor_ms = 0.0
         for _ in range(_PREWARM):
             ev = make_event()
             ev.record(stream)
-            self.pool.append(ev)
+            self._pool.append(ev)
 
     def take(self, torch_record: bool = False) -> Any:
         """A pooled event recorded on this stream now (torch's record either way here)."""
-        pool = self.pool
-        ev = pool.pop() if pool else self.make_event()
+        pool = self._pool
+        ev = pool.pop() if pool else self._make_event()
         ev.record(self.stream)
         return ev
 
-    def give(self, event: Any) -> None:
-        self.pool.append(event)
+    def give(self, event: Any, /) -> None:
+        self._pool.append(event)
 
     @property
     def pooled(self) -> int:
-        return len(self.pool)
+        return len(self._pool)
 
     @property
     def pending(self) -> int:
-        return len(self.pending_)
+        return len(self._pending)
 
     @property
     def anchor_is_ref(self) -> bool:
-        return self.anchor is self.ref
+        return self._anchor is self._ref
 
     def push(
         self,
@@ -329,9 +361,9 @@ class StreamRec:
     ) -> None:
         """Queue a sample whose end events are recorded; every HARVEST_BATCH samples, try a
         harvest (skipped when another thread holds the lock: it catches up)."""
-        pend = self.pending_
+        pend = self._pending
         pend.append(_Pending(store, slot, gen, start, end, extra, t0, t1, step, tid))
-        if len(pend) >= self.check_at and _LOCK.acquire(blocking=False):
+        if len(pend) >= self._check_at and _LOCK.acquire(blocking=False):
             try:
                 self._harvest()
             finally:
@@ -343,7 +375,7 @@ class StreamRec:
             self._harvest()
 
     def _ready(self) -> int:
-        pend = self.pending_
+        pend = self._pending
         n = len(pend)
         if not n or _done(pend[-1]):
             return n
@@ -362,43 +394,43 @@ class StreamRec:
         """Resolve and fold the finished samples, in order (the lock held). The common case
         (one end event, placement for the trace) is written out: in the launch-bound loop each
         Python call saved here is ~0.1 us per region."""
-        pend = self.pending_
-        pool = self.pool
+        pend = self._pending
+        pool = self._pool
         dev, stream = self.device, self.key[0]
         for _ in range(self._ready()):
             s = pend.popleft()
-            if s.extra:
+            if s._extra:
                 if not self._resolve(s):
                     break
                 continue
             start = s.start
             try:
-                gpu_ms = start.elapsed_time(s.end)
+                gpu_ms = start.elapsed_time(s._end)
             except (RuntimeError, ValueError):  # two threads appended out of record order
                 pend.appendleft(s)
                 break
-            store = s.store
+            store = s._store
             at_ns = _NAN
-            if store.trace_samples and s.gen == store._gen:
+            if store._trace_samples and s.gen == store._gen:
                 at_ns, start = self._place(start)
             if start is not None:
                 pool.append(start)
-            pool.append(s.end)
+            pool.append(s._end)
             t0 = s.t0_ns
             store._fold(
                 s.slot,
                 s.gen,
                 dev,
                 gpu_ms,
-                (s.t1 - t0) * 1e-6,
-                s.step,
+                (s._t1 - t0) * 1e-6,
+                s._step,
                 t0,
-                s.tid,
+                s._tid,
                 at_ns,
                 stream,
                 False,
             )
-        self.check_at = len(pend) + _HARVEST_BATCH
+        self._check_at = len(pend) + _HARVEST_BATCH
 
     def _resolve(self, s: Any) -> bool:
         """Fold one finished sample with side-stream ends; False (put back first in line) when
@@ -406,29 +438,29 @@ class StreamRec:
         try:
             if not _done(s):  # side-stream ends finish in no particular order
                 raise RuntimeError("a side stream is still running")
-            gpu_ms = max(s.start.elapsed_time(e) for e in (s.end, *s.extra))
+            gpu_ms = max(s.start.elapsed_time(e) for e in (s._end, *s._extra))
         except (RuntimeError, ValueError):
-            self.pending_.appendleft(s)
+            self._pending.appendleft(s)
             return False
-        store = s.store
+        store = s._store
         start: Any = s.start
         at_ns = _NAN
-        if store.trace_samples and s.gen == store.gen:
+        if store._trace_samples and s.gen == store.gen:
             at_ns, start = self._place(start)
-        pool = self.pool
+        pool = self._pool
         if start is not None:
             pool.append(start)
-        pool.append(s.end)
-        pool.extend(s.extra)
+        pool.append(s._end)
+        pool.extend(s._extra)
         store._fold(
             s.slot,
             s.gen,
             self.device,
             gpu_ms,
-            (s.t1 - s.t0_ns) * 1e-6,
-            s.step,
+            (s._t1 - s.t0_ns) * 1e-6,
+            s._step,
             s.t0_ns,
-            s.tid,
+            s._tid,
             at_ns,
             self.key[0],
             False,
@@ -447,14 +479,14 @@ class StreamRec:
         ``start`` becomes the anchor and positions add up in double (microseconds over hours).
         """
         try:
-            off = self.anchor.elapsed_time(start)
+            off = self._anchor.elapsed_time(start)
         except (RuntimeError, ValueError):
             return _NAN, start
         at_ms = self.anchor_ms + off
         if off > _ANCHOR_HOP_MS:
-            old = self.anchor
-            self.anchor, self.anchor_ms = start, at_ms
-            start = None if old is self.ref else old
+            old = self._anchor
+            self._anchor, self.anchor_ms = start, at_ms
+            start = None if old is self._ref else old
         return self.ref_ns + at_ms * 1e6, start
 
 
@@ -463,12 +495,12 @@ _streams: dict[tuple[int, int, int], StreamRec] = {}
 _defaults: dict[int, StreamRec] = {}  # the default stream's record per device: the hot path's
 
 
-def stream_of(key: tuple[int, int, int]) -> StreamRec | None:
+def stream_of(key: tuple[int, int, int], /) -> StreamRec | None:
     return _streams.get(key)
 
 
 def new_stream(
-    key: tuple[int, int, int], stream: Any, raw: int | None, make_event: Callable[[], Any]
+    key: tuple[int, int, int], stream: Any, raw: int | None, make_event: Callable[[], Any], /
 ) -> StreamRec:
     """Make and register the record of a stream (replacing one of the same key)."""
     rec = StreamRec(key, stream, raw, make_event)
@@ -492,7 +524,7 @@ def forget_streams(grave: list[Any] | None = None) -> None:
 
 
 def pending_total() -> int:
-    return sum(len(rec.pending_) for rec in list(_streams.values()))
+    return sum(len(rec._pending) for rec in list(_streams.values()))
 
 
 def clear_pending() -> None:
@@ -502,12 +534,12 @@ def clear_pending() -> None:
         return
     try:
         for rec in _streams.values():
-            rec.pending_.clear()
+            rec._pending.clear()
     finally:
         _LOCK.release()
 
 
-def drain(timeout_s: float) -> int:
+def drain(timeout_s: float, /) -> int:
     """Wait (polling with a growing pause, never a blocking CUDA call) until the newest pending
     sample of each stream is done or ``timeout_s`` passed, resolve every finished sample, and
     return how many are still pending."""
@@ -515,13 +547,13 @@ def drain(timeout_s: float) -> int:
     for rec in list(_streams.values()):
         pause = 50e-6
         while True:
-            pend = rec.pending_
+            pend = rec._pending
             try:
                 newest = pend[-1]
             except IndexError:
                 break
             try:
-                done = _done(newest) and all(_done(s) for s in list(pend) if s.extra)
+                done = _done(newest) and all(_done(s) for s in list(pend) if s._extra)
             except RuntimeError:  # a stream is capturing: nothing can be read now
                 break
             if done or time.monotonic() >= deadline:
@@ -651,10 +683,11 @@ class Store:
         self.enabled = True
         self.step = 0
         self._gen = 0
-        self.keep_steps = keep_steps
-        self.trace_samples = trace_samples
-        self.step_cap = step_cap
-        self.child = child
+        # Read-only outside, as in C (properties below); the per-sample code reads these.
+        self._keep_steps = keep_steps
+        self._trace_samples = trace_samples
+        self._step_cap = step_cap
+        self._child = child
         self._stacks: list[weakref.ref[Stack]] = []
         self._local = _Local(self._stacks)
         # Each asyncio task's own stack, in its context (a task inherits its creator's
@@ -673,6 +706,23 @@ class Store:
         """Bumped by reset(): samples of calls entered before it are dropped."""
         return self._gen
 
+    @property
+    def keep_steps(self) -> int:
+        return self._keep_steps
+
+    @property
+    def trace_samples(self) -> int:
+        return self._trace_samples
+
+    @property
+    def step_cap(self) -> int:
+        """Raw samples kept per step; past it the step's series are dropped."""
+        return self._step_cap
+
+    @property
+    def child(self) -> Callable[[int, str], int]:
+        return self._child
+
     def stack(self) -> Stack:
         """The calling thread's stack of open regions of this store, or the running asyncio
         task's: concurrent tasks interleave on one thread, each nests its own regions."""
@@ -683,10 +733,12 @@ class Store:
         if task is None:
             return stack
         mine = self._task_stack.get(None)
-        if mine is None or mine.owner is not task:
+        if mine is None or mine._owner is not task:
             parent = mine if mine is not None else stack
             top = parent.top()
-            mine = Stack(top.slot if top is not None else parent.base, task)
+            mine = Stack()
+            mine.base = top.slot if top is not None else parent.base
+            mine._owner = task
             self._stacks[:] = [ref for ref in self._stacks if ref() is not None]
             self._stacks.append(weakref.ref(mine))
             self._task_stack.set(mine)
@@ -709,7 +761,7 @@ class Store:
             self.step = 0
             self._stats = {}
             self._steps = {}
-            self._trace = deque(maxlen=self.trace_samples)
+            self._trace = deque(maxlen=self._trace_samples)
 
     def record(
         self,
@@ -834,11 +886,11 @@ class Store:
             acc.cpu.fold()
         if skipped:
             acc.skipped += 1
-        if self.keep_steps:
+        if self._keep_steps:
             rec = acc.series_rec
             if acc.series_step == step and rec is not None and rec.live:
                 rec.count += 1
-                if rec.count > self.step_cap:
+                if rec.count > self._step_cap:
                     self._drop(rec)
                 else:
                     series = acc.series
@@ -846,7 +898,7 @@ class Store:
                     series[1].append(cpu_ms)  # type: ignore[index]
             else:
                 self._keep(acc, slot, dev, step, gpu_ms, cpu_ms)
-        if self.trace_samples:
+        if self._trace_samples:
             self._trace.append((slot, dev, stream, at_ns, gpu_ms, t0_ns, cpu_ms, step, tid))
 
     def _keep(self, acc: _Acc, slot: int, dev: int, step: int, gpu: float, cpu: float) -> None:
@@ -854,12 +906,12 @@ class Store:
         rec = self._steps.get(step)
         if rec is None:
             rec = self._steps[step] = _StepRec()
-            if len(self._steps) > self.keep_steps:
+            if len(self._steps) > self._keep_steps:
                 self._steps.pop(next(iter(self._steps))).live = False
         rec.count += 1
         if rec.dropped:
             return
-        if rec.count > self.step_cap:
+        if rec.count > self._step_cap:
             self._drop(rec)
             return
         series = rec.rows.get((slot, dev))
@@ -912,7 +964,7 @@ class Store:
                 for (slot, dev), (g, c) in rec.rows.items()
             ]
 
-    def orphan(self, region: Any) -> bool:
+    def orphan(self, region: Any, /) -> bool:
         """Mark the innermost frame of ``region`` on another thread's stack ORPHAN: its call
         was closed elsewhere (a generator suspended inside a region, closed by the garbage
         collector on another thread). The owning thread drops it, NVTX pop included, the next
@@ -933,7 +985,7 @@ class Store:
     def pending(self) -> int:
         """This store's samples still waiting for the GPU."""
         return sum(
-            1 for rec in list(_streams.values()) for s in list(rec.pending_) if s.store is self
+            1 for rec in list(_streams.values()) for s in list(rec._pending) if s._store is self
         )
 
 
@@ -1012,7 +1064,7 @@ class RegionBase:
         slot = self._cslots.get(parent)
         if slot is None:
             try:
-                slot = store.child(parent, self._rname)
+                slot = store._child(parent, self._rname)
             except KeyError:  # a parent forgotten by a racing reset(): the general path
                 return self._general_enter(stack)
             self._cslots[parent] = slot
@@ -1021,10 +1073,10 @@ class RegionBase:
             push(self._attrs)
         frame = None
         try:
-            pool = rec.pool
-            start = pool.pop() if pool else rec.make_event()  # rec.take(), written out
+            pool = rec._pool
+            start = pool.pop() if pool else rec._make_event()  # rec.take(), written out
             start.record(rec.stream)
-            frame = Frame(self, slot, gen, TIMED, rec, start, now_ns())
+            frame = Frame(self, slot, gen, TIMED, rec, start, _now_ns())
             stack.append(frame)
         except BaseException:
             # Whatever raises here (a KeyboardInterrupt from a signal handler, raised as a
@@ -1060,6 +1112,7 @@ class RegionBase:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
+        /,
     ) -> None:
         # If anything raises in here (a KeyboardInterrupt from a signal handler, say), the
         # frame this exit closes still goes: the one noted (``own``), or, before it could be
@@ -1069,7 +1122,7 @@ class RegionBase:
         try:
             own = None
             popped = False
-            t1 = now_ns()
+            t1 = _now_ns()
             store = self._store
             stack = store._local.stack if _get_running_loop() is None else store.stack()
             if self._fast and stack:
@@ -1079,18 +1132,18 @@ class RegionBase:
                     del stack[-1]
                     popped = True
                     try:
-                        pool = rec.pool  # type: ignore[union-attr]
-                        end = pool.pop() if pool else rec.make_event()  # type: ignore[union-attr]
+                        pool = rec._pool  # type: ignore[union-attr]
+                        end = pool.pop() if pool else rec._make_event()  # type: ignore[union-attr]
                         end.record(rec.stream)  # type: ignore[union-attr]
-                        f.end = end
-                        f.extra = ()
-                        f.t1 = t1
-                        f.step = store.step
-                        f.tid = stack.tid
-                        f.store = store
-                        pend = rec.pending_  # type: ignore[union-attr]
+                        f._end = end
+                        f._extra = ()
+                        f._t1 = t1
+                        f._step = store.step
+                        f._tid = stack.tid
+                        f._store = store
+                        pend = rec._pending  # type: ignore[union-attr]
                         pend.append(f)
-                        if len(pend) >= rec.check_at and _LOCK.acquire(blocking=False):  # type: ignore[union-attr]
+                        if len(pend) >= rec._check_at and _LOCK.acquire(blocking=False):  # type: ignore[union-attr]
                             try:
                                 rec._harvest()  # type: ignore[union-attr]
                             finally:
@@ -1111,7 +1164,7 @@ class RegionBase:
 
     # Detached calls (frames on no stack, opened at a slot the caller names: backward rows).
 
-    def open_at(self, slot: int, gen: int) -> Frame | None:
+    def open_at(self, slot: int, gen: int, /) -> Frame | None:
         """A detached call at ``slot`` in the common case: a TIMED frame on no stack, its
         start recorded on the current device's default stream now, its NVTX range started;
         None, with nothing done, where ``__enter__`` would take the general hook."""
@@ -1125,13 +1178,13 @@ class RegionBase:
             if rid is not None and self._end is not None:
                 self._end(rid)
             raise
-        return Frame(self, slot, gen, TIMED, rec, start, now_ns(), range_id=rid)
+        return Frame(self, slot, gen, TIMED, rec, start, _now_ns(), range_id=rid)
 
-    def close(self, frame: Frame) -> bool:
+    def close(self, frame: Frame, /) -> bool:
         """End a TIMED frame of this region in the common case (its stream still the current
         one): the sample queued, the NVTX range ended, the frame OFF; False, with nothing
         done, for any other frame or stream."""
-        t1 = now_ns()
+        t1 = _now_ns()
         if type(frame) is not Frame:
             raise TypeError(f"close() takes a Frame, got {type(frame).__name__}")
         rec = frame.rec
@@ -1204,7 +1257,7 @@ class NullRegion:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def __call__(self, fn: Any) -> Any:
+    def __call__(self, fn: Any, /) -> Any:
         return fn
 
     def backward_from(self, *outputs: object) -> None:

@@ -204,7 +204,10 @@ def _trust_c10(device: Device) -> bool:
     """Whether the C core may read c10's current stream itself: only if it reads what torch
     does (checked once, when CUDA becomes usable). Without a usable device c10's getter throws
     a C++ exception, which would abort the process through C: ask only once CUDA is up."""
-    current = getattr(_core, "current_stream", None)
+    # C core only (declared in _speedups.pyi, which mypy does not see through _core.pyi).
+    current: Callable[[], tuple[int, int, int] | None] | None = getattr(
+        _core, "current_stream", None
+    )
     if current is None or not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         return False
     try:

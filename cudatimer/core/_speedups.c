@@ -22,6 +22,10 @@
  * Every input comes as a typed argument (configure, set_stream_getter, Store, StreamRec,
  * RegionBase.bind); nothing here reads attributes of cudatimer's own Python objects.
  *
+ * Every function, method and type opens its docstring with its signature in CPython's
+ * "name($self, a, /, b=None)\n--\n\n" form, which inspect.signature reads: the tests hold it
+ * to _core.pyi and to the keyword lists and flags that the code below parses by.
+ *
  * Everything runs under the GIL (no lock of its own). Python callbacks (make_event, a Store's
  * child, the stream getter, event methods of fake events, NVTX push/pop) may run any Python
  * code, so state is re-read after each of them and no pointer into an array that such code

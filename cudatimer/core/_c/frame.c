@@ -126,7 +126,7 @@ static PyMemberDef frame_members[] = {
 static PyTypeObject FrameType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cudatimer.core._speedups.Frame",
     .tp_doc = PyDoc_STR("Frame(region, slot, gen, kind, rec=None, start=None, t0_ns=0, dev=-1, "
-                        "range_id=None): one open region call."),
+                        "range_id=None)\n--\n\nOne open region call."),
     .tp_basicsize = sizeof(FrameObj),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,

@@ -6,7 +6,7 @@
  * ====================================================================================== */
 
 PyDoc_STRVAR(configure_doc,
-"configure(*, inv_log_gamma, harvest_batch, anchor_hop_ms, prewarm)\n\n"
+"configure($module, /, *, inv_log_gamma, harvest_batch, anchor_hop_ms, prewarm)\n--\n\n"
 "Set the constants the core works with (_device passes them once, at import): the bucket\n"
 "rule of _hist, samples queued on a stream between harvests, how far (GPU ms) a trace\n"
 "placement reads from its anchor before the anchor moves, events pre-warmed per stream.");
@@ -39,7 +39,7 @@ configure(PyObject *module, PyObject *args, PyObject *kwds)
 }
 
 PyDoc_STRVAR(set_stream_getter_doc,
-"set_stream_getter(getter, c10)\n\n"
+"set_stream_getter($module, /, getter, c10)\n--\n\n"
 "getter(device) -> (stream id, device, device type) of the current stream (-1: the current\n"
 "device); None: no CUDA (the hot path always takes the general hooks). c10: the getter is\n"
 "torch's own and was checked against current_stream(), so c10's current stream is read\n"
@@ -89,9 +89,10 @@ now_ns(PyObject *module, PyObject *unused)
 }
 
 PyDoc_STRVAR(current_stream_doc,
-"current_stream() -> (stream id, device, device type) | None\n\n"
-"The current stream as c10 reports it to the hot path (None when that symbol is not bound).\n"
-"Compare it with torch's once before passing c10=True to set_stream_getter.");
+"current_stream($module, /)\n--\n\n"
+"(stream id, device, device type) of the current stream as c10 reports it to the hot path;\n"
+"None when that symbol is not bound. Compare it with torch's once before passing c10=True to\n"
+"set_stream_getter.");
 
 static PyObject *
 current_stream(PyObject *module, PyObject *unused)
@@ -120,9 +121,9 @@ stream_of(PyObject *module, PyObject *key)
 }
 
 PyDoc_STRVAR(new_stream_doc,
-"new_stream(key, stream, raw, make_event) -> StreamRec\n\n"
-"Make and register the record of key (replacing one of the same key); a default stream's\n"
-"(stream id 0, device type 1) also serves the hot path of its device.");
+"new_stream($module, key, stream, raw, make_event, /)\n--\n\n"
+"Make, register and return the record of key (replacing one of the same key); a default\n"
+"stream's (stream id 0, device type 1) also serves the hot path of its device.");
 
 static PyObject *
 new_stream(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -158,7 +159,7 @@ all_streams(PyObject *module, PyObject *unused)
 }
 
 PyDoc_STRVAR(forget_streams_doc,
-"forget_streams(grave=None)\n\n"
+"forget_streams($module, /, grave=None)\n--\n\n"
 "Drop every stream record, pending samples included. grave (a forked child): a list that\n"
 "takes every object instead (the registry, as a dict), so that no CUDA event of the parent\n"
 "is ever destroyed.");
@@ -259,7 +260,7 @@ drain_done(RecObj *r)
 }
 
 PyDoc_STRVAR(drain_doc,
-"drain(timeout_s) -> int\n\n"
+"drain($module, timeout_s, /)\n--\n\n"
 "Wait (polling with a growing pause, the GIL released while sleeping; never a blocking CUDA\n"
 "call) until the newest pending sample of each stream is done or timeout_s passed, then\n"
 "resolve every finished sample. Returns how many are still pending.");
@@ -328,22 +329,29 @@ static PyMethodDef methods[] = {
     {"load", load, METH_NOARGS, load_doc},
     {"runtime_path", runtime_path, METH_NOARGS, runtime_path_doc},
     {"runtime_bound", runtime_bound, METH_NOARGS,
+     "runtime_bound($module, /)\n--\n\n"
      "True when events are recorded through the CUDA runtime directly."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
      configure_doc},
     {"set_stream_getter", (PyCFunction)(void (*)(void))set_stream_getter,
      METH_VARARGS | METH_KEYWORDS, set_stream_getter_doc},
     {"set_usable", set_usable, METH_O,
+     "set_usable($module, on, /)\n--\n\n"
      "Whether CUDA is in use: the hot path records events only then."},
-    {"now_ns", now_ns, METH_NOARGS, "The host clock of every sample (CLOCK_MONOTONIC), in ns."},
+    {"now_ns", now_ns, METH_NOARGS,
+     "now_ns($module, /)\n--\n\nThe host clock of every sample (CLOCK_MONOTONIC), in ns."},
     {"current_stream", current_stream, METH_NOARGS, current_stream_doc},
-    {"stream_of", stream_of, METH_O, "The record of a stream key, or None."},
+    {"stream_of", stream_of, METH_O,
+     "stream_of($module, key, /)\n--\n\nThe record of a stream key, or None."},
     {"new_stream", (PyCFunction)(void (*)(void))new_stream, METH_FASTCALL, new_stream_doc},
-    {"all_streams", all_streams, METH_NOARGS, "Every registered stream record."},
+    {"all_streams", all_streams, METH_NOARGS,
+     "all_streams($module, /)\n--\n\nEvery registered stream record."},
     {"forget_streams", (PyCFunction)(void (*)(void))forget_streams,
      METH_VARARGS | METH_KEYWORDS, forget_streams_doc},
-    {"pending_total", pending_total, METH_NOARGS, "Samples of every stream not resolved yet."},
+    {"pending_total", pending_total, METH_NOARGS,
+     "pending_total($module, /)\n--\n\nSamples of every stream not resolved yet."},
     {"clear_pending", clear_pending, METH_NOARGS,
+     "clear_pending($module, /)\n--\n\n"
      "Drop every pending sample without waiting (interpreter exit)."},
     {"drain", drain, METH_O, drain_doc},
     {NULL, NULL, 0, NULL},

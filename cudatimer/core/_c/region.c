@@ -364,7 +364,8 @@ region_exit(RegionObj *r, PyObject *const *args, Py_ssize_t nargs)
 }
 
 PyDoc_STRVAR(region_bind_doc,
-"bind(store, fast, name, push, attrs, pop, enter, exit, start=None, end=None)\n\n"
+"bind($self, /, store, fast, name, push, attrs, pop, enter, exit, start=None, end=None)\n"
+"--\n\n"
 "Set what the hooks read (Region.__init__ calls it once): the Timer's Store, whether this\n"
 "region may take the common case, its name, NVTX push(attrs) and pop() (None when off), the\n"
 "general hooks enter(region) and exit(region, exc_type), and NVTX start(attrs) -> range id\n"
@@ -417,7 +418,7 @@ end_keeping_error(PyObject *end, PyObject *rid)
  * __enter__/__exit__: one C call each instead of the general path's ~15 Python calls (on the
  * H200 machine's host a backward row cost 22 us of host time through the general path). */
 PyDoc_STRVAR(region_open_at_doc,
-"open_at(slot, gen) -> Frame | None\n\n"
+"open_at($self, slot, gen, /)\n--\n\n"
 "A detached call at slot (of the store's generation gen) in the common case: a TIMED Frame\n"
 "on no stack, its start recorded on the current device's default stream now and its NVTX\n"
 "range started by bind's start(attrs). None, with nothing done, where __enter__ would take\n"
@@ -485,7 +486,7 @@ region_open_at(RegionObj *r, PyObject *const *args, Py_ssize_t nargs)
 }
 
 PyDoc_STRVAR(region_close_doc,
-"close(frame) -> bool\n\n"
+"close($self, frame, /)\n--\n\n"
 "End a TIMED frame of this region in the common case: its end recorded on the stream it\n"
 "started on, which must be the current one still, its sample queued (maybe harvesting), its\n"
 "NVTX range ended by bind's end(range id); the frame is OFF afterwards. False, with nothing\n"
@@ -596,8 +597,10 @@ region_dealloc(RegionObj *r)
 }
 
 static PyMethodDef region_methods[] = {
-    {"__enter__", (PyCFunction)region_enter, METH_NOARGS, "Open the region."},
-    {"__exit__", (PyCFunction)(void (*)(void))region_exit, METH_FASTCALL, "Close the region."},
+    {"__enter__", (PyCFunction)region_enter, METH_NOARGS,
+     "__enter__($self, /)\n--\n\nOpen the region."},
+    {"__exit__", (PyCFunction)(void (*)(void))region_exit, METH_FASTCALL,
+     "__exit__($self, exc_type, exc, tb, /)\n--\n\nClose the region."},
     {"bind", (PyCFunction)(void (*)(void))region_bind, METH_VARARGS | METH_KEYWORDS,
      region_bind_doc},
     {"open_at", (PyCFunction)(void (*)(void))region_open_at, METH_FASTCALL, region_open_at_doc},
@@ -607,8 +610,8 @@ static PyMethodDef region_methods[] = {
 
 static PyTypeObject RegionBaseType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cudatimer.core._speedups.RegionBase",
-    .tp_doc = PyDoc_STR("Base of cudatimer.Region: __enter__/__exit__ for the common case, the "
-                        "general hooks given to bind for everything else."),
+    .tp_doc = PyDoc_STR("RegionBase()\n--\n\nBase of cudatimer.Region: __enter__/__exit__ for "
+                        "the common case, the general hooks given to bind for everything else."),
     .tp_basicsize = sizeof(RegionObj),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
@@ -648,6 +651,16 @@ null_call(PyObject *self, PyObject *args, PyObject *kwargs)
     return Py_NewRef(PyTuple_GET_ITEM(args, 0)); /* the function, undecorated */
 }
 
+/* NullRegion.__call__ as a method too, beside the tp_call slot that calls run through, so that
+ * it has a signature to read (a slot's wrapper reads as (*args, **kwargs)); METH_COEXIST puts
+ * it in the type's dict in place of that wrapper. */
+static PyObject *
+null_call_m(PyObject *self, PyObject *fn)
+{
+    (void)self;
+    return Py_NewRef(fn);
+}
+
 static PyObject *
 null_name(PyObject *self, void *closure)
 {
@@ -662,17 +675,22 @@ static PyGetSetDef null_getset[] = {
 };
 
 static PyMethodDef null_methods[] = {
-    {"__enter__", (PyCFunction)null_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)(void (*)(void))null_exit, METH_FASTCALL, NULL},
+    {"__enter__", (PyCFunction)null_enter, METH_NOARGS, "__enter__($self, /)\n--\n\nNothing."},
+    {"__exit__", (PyCFunction)(void (*)(void))null_exit, METH_FASTCALL,
+     "__exit__($self, /, *exc)\n--\n\nNothing."},
+    {"__call__", (PyCFunction)null_call_m, METH_O | METH_COEXIST,
+     "__call__($self, fn, /)\n--\n\nfn itself: a decorated function comes back unchanged."},
     /* a backward=True region's backward_from(*tensors): nothing either */
-    {"backward_from", (PyCFunction)(void (*)(void))null_exit, METH_FASTCALL, NULL},
+    {"backward_from", (PyCFunction)(void (*)(void))null_exit, METH_FASTCALL,
+     "backward_from($self, /, *outputs)\n--\n\nNothing either."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyTypeObject NullRegionType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cudatimer.core._speedups.NullRegion",
-    .tp_doc = PyDoc_STR("What regions become under CUDATIMER_DISABLE: nothing on enter, exit "
-                        "or call (a decorated function comes back unchanged)."),
+    .tp_doc = PyDoc_STR("NullRegion()\n--\n\nWhat regions become under CUDATIMER_DISABLE: "
+                        "nothing on enter, exit or call (a decorated function comes back "
+                        "unchanged)."),
     .tp_basicsize = sizeof(PyObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = PyType_GenericNew,

@@ -60,7 +60,7 @@ find_libraries(struct dl_phdr_info *info, size_t size, void *data)
 #endif
 
 PyDoc_STRVAR(load_doc,
-"load() -> bool\n\n"
+"load($module, /)\n--\n\n"
 "Bind to the CUDA runtime library already loaded in this process (torch's). True when events\n"
 "can be recorded through it; False on a CPU build, a static runtime, or another platform.\n"
 "Never loads a library that is not loaded yet, and never initialises CUDA. Called once at\n"
@@ -111,7 +111,8 @@ load(PyObject *module, PyObject *unused)
 }
 
 PyDoc_STRVAR(runtime_path_doc,
-"runtime_path() -> str | None\n\nThe CUDA runtime library bound by load(), or None.");
+"runtime_path($module, /)\n--\n\n"
+"The path of the CUDA runtime library bound by load(), or None.");
 
 static PyObject *
 runtime_path(PyObject *module, PyObject *unused)

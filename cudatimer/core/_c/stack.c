@@ -238,8 +238,9 @@ stack_clear_m(StackObj *st, PyObject *unused)
 }
 
 PyDoc_STRVAR(stack_bury_doc,
-"bury(grave)\n\nIn a forked child: frames timed with events of the parent become HOST frames\n"
-"(rec and start None); their start events go into grave, never released.");
+"bury($self, grave, /)\n--\n\n"
+"In a forked child: frames timed with events of the parent become HOST frames (rec and\n"
+"start None); their start events go into grave, never released.");
 
 static PyObject *
 stack_bury_m(StackObj *st, PyObject *grave)
@@ -290,14 +291,19 @@ static PySequenceMethods stack_as_sequence = {
 };
 
 static PyMethodDef stack_methods[] = {
-    {"push", (PyCFunction)stack_push_m, METH_O, "Push a Frame (innermost)."},
+    {"push", (PyCFunction)stack_push_m, METH_O,
+     "push($self, frame, /)\n--\n\nPush a Frame (innermost)."},
     {"pop", (PyCFunction)stack_pop_m, METH_NOARGS,
-     "The innermost frame, removed (IndexError when empty)."},
-    {"top", (PyCFunction)stack_top_m, METH_NOARGS, "The innermost frame, or None."},
+     "pop($self, /)\n--\n\nThe innermost frame, removed (IndexError when empty)."},
+    {"top", (PyCFunction)stack_top_m, METH_NOARGS,
+     "top($self, /)\n--\n\nThe innermost frame, or None."},
     {"take", (PyCFunction)stack_take_m, METH_O,
+     "take($self, region, /)\n--\n\n"
      "Remove and return the innermost frame of region (None if it has none)."},
-    {"frames", (PyCFunction)stack_frames_m, METH_NOARGS, "The frames, outermost first."},
-    {"clear", (PyCFunction)stack_clear_m, METH_NOARGS, "Drop every frame."},
+    {"frames", (PyCFunction)stack_frames_m, METH_NOARGS,
+     "frames($self, /)\n--\n\nThe frames, outermost first."},
+    {"clear", (PyCFunction)stack_clear_m, METH_NOARGS,
+     "clear($self, /)\n--\n\nDrop every frame."},
     {"bury", (PyCFunction)stack_bury_m, METH_O, stack_bury_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -312,7 +318,7 @@ static PyGetSetDef stack_getset[] = {
 
 static PyTypeObject StackType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cudatimer.core._speedups.Stack",
-    .tp_doc = PyDoc_STR("A thread's open regions of one store, innermost last."),
+    .tp_doc = PyDoc_STR("Stack()\n--\n\nA thread's open regions of one store, innermost last."),
     .tp_basicsize = sizeof(StackObj),
     .tp_weaklistoffset = offsetof(StackObj, weakrefs),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,

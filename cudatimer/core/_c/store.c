@@ -509,12 +509,12 @@ store_dealloc(StoreObj *s)
 }
 
 PyDoc_STRVAR(store_orphan_doc,
-"orphan(region) -> bool\n\n"
+"orphan($self, region, /)\n--\n\n"
 "Mark the innermost frame of region on another thread's stack of this store ORPHAN (its\n"
-"kind before that kept in dev): its\n"
-"call was closed elsewhere (a generator suspended inside a region, closed by the garbage\n"
-"collector on another thread). The owning thread drops it, NVTX pop included, the next time\n"
-"a region of this store enters or exits there. False when no other thread has one.");
+"kind before that kept in dev): its call was closed elsewhere (a generator suspended inside\n"
+"a region, closed by the garbage collector on another thread). The owning thread drops it,\n"
+"NVTX pop included, the next time a region of this store enters or exits there. False when\n"
+"no other thread has one.");
 
 static PyObject *
 store_orphan_m(StoreObj *s, PyObject *region)
@@ -543,9 +543,9 @@ store_orphan_m(StoreObj *s, PyObject *region)
 }
 
 PyDoc_STRVAR(store_open_slots_doc,
-"open_slots() -> list[int]\n\n"
-"The slots of the frames open on every stack of this store, and the stacks' bases (what the\n"
-"region tree keeps at reset()).");
+"open_slots($self, /)\n--\n\n"
+"The slots of the frames open on every stack of this store, and the stacks' bases (what\n"
+"the region tree keeps at reset()).");
 
 static PyObject *
 store_open_slots_m(StoreObj *s, PyObject *unused)
@@ -597,7 +597,8 @@ store_reset_m(StoreObj *s, PyObject *unused)
 }
 
 PyDoc_STRVAR(store_record_doc,
-"record(slot, gen, dev, gpu_ms, cpu_ms, step, t0_ns, tid, at_ns, stream, skipped)\n\n"
+"record($self, /, slot, gen, dev, gpu_ms, cpu_ms, step, t0_ns, tid, at_ns, stream, skipped)\n"
+"--\n\n"
 "Fold one finished sample (gpu_ms NaN for host samples).");
 
 static PyObject *
@@ -619,8 +620,8 @@ store_record_m(StoreObj *s, PyObject *args, PyObject *kwds)
 }
 
 PyDoc_STRVAR(store_record_ring_doc,
-"record_ring(gen, dev, ring, first, n, slots, enter, leave, step, t0_ns, tid, stream,\n"
-"            offset_ns) -> float\n\n"
+"record_ring($self, /, gen, dev, ring, first, n, slots, enter, leave, step, t0_ns, tid,"
+" stream, offset_ns)\n--\n\n"
 "Fold m replays of a CUDA graph read from its timestamp ring. Replay i's n timestamps\n"
 "(GPU-clock ns) start at word (first + i*n) % cap of ring (cap: its length); column j is\n"
 "the region call of slot slots[j] between its replay's timestamps enter[j] and leave[j].\n"
@@ -1025,9 +1026,10 @@ store_set_enabled(StoreObj *s, PyObject *v, void *c)
 
 static PyMethodDef store_methods[] = {
     {"stack", (PyCFunction)store_stack_m, METH_NOARGS,
-     "The calling thread's stack of open regions of this store."},
+     "stack($self, /)\n--\n\nThe calling thread's stack of open regions of this store."},
     {"open_slots", (PyCFunction)store_open_slots_m, METH_NOARGS, store_open_slots_doc},
     {"reset", (PyCFunction)store_reset_m, METH_NOARGS,
+     "reset($self, /)\n--\n\n"
      "gen += 1, step = 0, statistics, series and trace forgotten (pending samples of the old "
      "gen are dropped when they finish)."},
     {"record", (PyCFunction)(void (*)(void))store_record_m, METH_VARARGS | METH_KEYWORDS,
@@ -1035,13 +1037,14 @@ static PyMethodDef store_methods[] = {
     {"record_ring", (PyCFunction)(void (*)(void))store_record_ring_m,
      METH_VARARGS | METH_KEYWORDS, store_record_ring_doc},
     {"count", (PyCFunction)(void (*)(void))store_count_m, METH_VARARGS | METH_KEYWORDS,
-     "count(slot, gen, dev): count a call that was not timed (every=N)."},
+     "count($self, /, slot, gen, dev)\n--\n\nCount a call that was not timed (every=N)."},
     {"snapshot", (PyCFunction)(void (*)(void))store_snapshot_m, METH_VARARGS | METH_KEYWORDS,
-     "snapshot(series=False, trace=False) -> Snapshot: a copy; changes nothing."},
+     "snapshot($self, /, series=False, trace=False)\n--\n\nA Snapshot: a copy; changes nothing."},
     {"step_rows", (PyCFunction)(void (*)(void))store_step_rows_m, METH_VARARGS | METH_KEYWORDS,
-     "step_rows(first, stop) -> [SeriesRow]: the rows of the kept steps in [first, stop)."},
+     "step_rows($self, /, first, stop)\n--\n\n"
+     "The SeriesRows of the kept steps in [first, stop)."},
     {"pending", (PyCFunction)store_pending_m, METH_NOARGS,
-     "This store's samples still waiting for the GPU."},
+     "pending($self, /)\n--\n\nThis store's samples still waiting for the GPU."},
     {"orphan", (PyCFunction)store_orphan_m, METH_O, store_orphan_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -1052,8 +1055,9 @@ static PyMemberDef store_members[] = {
      "Bumped by reset(): samples of calls entered before it are dropped."},
     {"keep_steps", T_PYSSIZET, offsetof(StoreObj, keep_steps), READONLY, NULL},
     {"trace_samples", T_PYSSIZET, offsetof(StoreObj, trace_samples), READONLY, NULL},
-    {"step_cap", T_PYSSIZET, offsetof(StoreObj, step_cap), READONLY, NULL},
-    {"child", T_OBJECT, offsetof(StoreObj, child), READONLY, NULL},
+    {"step_cap", T_PYSSIZET, offsetof(StoreObj, step_cap), READONLY,
+     "Raw samples kept per step; past it the step's series are dropped."},
+    {"child", T_OBJECT, offsetof(StoreObj, child), READONLY, "child(parent_slot, name) -> slot."},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -1065,7 +1069,7 @@ static PyGetSetDef store_getset[] = {
 
 static PyTypeObject StoreType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cudatimer.core._speedups.Store",
-    .tp_doc = PyDoc_STR("Store(keep_steps, trace_samples, step_cap, child): one Timer's "
+    .tp_doc = PyDoc_STR("Store(keep_steps, trace_samples, step_cap, child)\n--\n\nOne Timer's "
                         "results and switches; child(parent_slot, name) -> slot (-1: root)."),
     .tp_basicsize = sizeof(StoreObj),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,

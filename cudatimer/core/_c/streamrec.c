@@ -442,7 +442,7 @@ rec_init(RecObj *r, PyObject *args, PyObject *kwds)
 }
 
 PyDoc_STRVAR(rec_take_doc,
-"take(torch_record=False) -> event\n\n"
+"take($self, /, torch_record=False)\n--\n\n"
 "A pooled event recorded on this stream now (a new one from make_event() when the pool is\n"
 "empty): through the CUDA runtime when bound, unless torch_record (torch's record, which\n"
 "switches to the event's device first).");
@@ -470,7 +470,7 @@ rec_give_m(RecObj *r, PyObject *event)
 }
 
 PyDoc_STRVAR(rec_push_doc,
-"push(store, slot, gen, start, end, extra, t0, t1, step, tid)\n\n"
+"push($self, /, store, slot, gen, start, end, extra, t0, t1, step, tid)\n--\n\n"
 "Queue a sample (GPU time: start to the latest of end and the extra ends on other streams);\n"
 "every harvest_batch samples the finished ones are harvested, without blocking.");
 
@@ -542,11 +542,12 @@ rec_repr(RecObj *r)
 static PyMethodDef rec_methods[] = {
     {"take", (PyCFunction)(void (*)(void))rec_take_m, METH_VARARGS | METH_KEYWORDS,
      rec_take_doc},
-    {"give", (PyCFunction)rec_give_m, METH_O, "Give an event back to the pool."},
+    {"give", (PyCFunction)rec_give_m, METH_O,
+     "give($self, event, /)\n--\n\nGive an event back to the pool."},
     {"push", (PyCFunction)(void (*)(void))rec_push_m, METH_VARARGS | METH_KEYWORDS,
      rec_push_doc},
     {"harvest", (PyCFunction)rec_harvest_m, METH_NOARGS,
-     "Resolve every finished sample, never blocking on the GPU."},
+     "harvest($self, /)\n--\n\nResolve every finished sample, never blocking on the GPU."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -571,8 +572,8 @@ static PyGetSetDef rec_getset[] = {
 
 static PyTypeObject RecType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cudatimer.core._speedups.StreamRec",
-    .tp_doc = PyDoc_STR("StreamRec(key, stream, raw, make_event): a stream regions ran on: "
-                        "event pool, pending samples, trace reference and anchor."),
+    .tp_doc = PyDoc_STR("StreamRec(key, stream, raw, make_event)\n--\n\nA stream regions ran "
+                        "on: event pool, pending samples, trace reference and anchor."),
     .tp_basicsize = sizeof(RecObj),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
