@@ -350,6 +350,8 @@ def _commit() -> dict[str, Any]:
 
 
 def print_list() -> None:
+    print("suite, its RESULTS.md section, what it needs, what it measures, its full-size commands")
+    print("({out}: the run's folder; {tmp}: a scratch folder; {pin}: a CPU core)\n")
     width = max(len(s.name) for s in SUITES)
     for s in SUITES:
         needs = ", ".join(s.needs) or "-"
@@ -389,8 +391,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     machine = _machine(args.smoke)
     date = datetime.date.today().isoformat()
+    commit = _commit()  # before the run's folder exists: a run inside results/ is no change
     if args.out is not None:
         out: Path = args.out
+    elif args.smoke and args.dry_run:
+        out = Path(tempfile.gettempdir()) / "cudatimer-smoke-XXXX"
     elif args.smoke:  # smoke sizes give no figures: nothing for results/
         out = Path(tempfile.mkdtemp(prefix="cudatimer-smoke-"))
     else:
@@ -410,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(env + shlex.join(argv).replace(sys.executable, "python3"))
         return 0
     out.mkdir(parents=True, exist_ok=True)
-    record: dict[str, Any] = {"date": date, **machine, **_commit(), "suites": {}, "files": {}}
+    record: dict[str, Any] = {"date": date, **machine, **commit, "suites": {}, "files": {}}
     path = out / "run.json"
     failed = []
     for suite, why in plan:
@@ -418,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             record["suites"][suite.name] = {"skipped": why}
             print(f"[{suite.name}] skipped: {why}", flush=True)
             continue
-        print(f"[{suite.name}] running ...", flush=True)
+        print(f"[{suite.name}] running, output in {out / (suite.name + '.txt')}", flush=True)
         ok = run_suite(suite, out, args.smoke, record)
         entry = record["suites"][suite.name]
         print(f"[{suite.name}] {'ok' if ok else 'FAILED'} in {entry['seconds']} s", flush=True)

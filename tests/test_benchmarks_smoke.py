@@ -494,7 +494,9 @@ def test_eager_targets_runs_on_the_cpu(tmp_path: Path) -> None:
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads((tmp_path / "eager_targets.json").read_text())
-    assert got["launch"]["cudatimer_us"] > 0 and got["pure"]["compiled"] is False
+    # Three rounds of one iteration on a shared CPU: a paired difference of any sign.
+    assert [set(r) for r in got["launch"]["runs"]] == [{"cudatimer"}]
+    assert math.isfinite(got["launch"]["cudatimer_us"]) and got["pure"]["compiled"] is False
     assert got["decode"]["regions_recorded"] == got["decode"]["modules"] > 0
     assert got["memory"]["calls"] == got["memory"]["regions"] * 11 // 10  # warm-up + measured
 
