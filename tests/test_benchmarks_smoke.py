@@ -17,7 +17,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-RUN = BENCH / "compare.py"  # the comparison with other timers
+COMPARE = BENCH / "compare.py"  # the comparison with other timers
 RUNNER = BENCH / "run.py"
 WORKLOADS = ("launch", "compute", "gpt2")  # resnet50 needs torchvision: may be skipped
 TIMERS = (
@@ -74,7 +74,7 @@ def _table(md: str, first_header: str, second: str = "") -> tuple[list[str], lis
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("bench")
     proc = subprocess.run(
-        [sys.executable, str(RUN), "--smoke", "--out", str(out)],
+        [sys.executable, str(COMPARE), "--smoke", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=240,
@@ -84,7 +84,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_smoke_run_succeeds(smoke: dict[str, Any]) -> None:
-    """`run.py --smoke` exits 0 and prints the table."""
+    """`compare.py --smoke` exits 0 and prints the table."""
     proc = smoke["proc"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "| workload " in proc.stdout
@@ -189,11 +189,11 @@ def test_same_recorder_cells_are_short(smoke: dict[str, Any]) -> None:
 
 
 def test_child_mode_writes_its_json() -> None:
-    """`run.py --child proton` runs as the separate process and writes proton_process.json."""
+    """`compare.py --child proton` runs as the separate process and writes proton_process.json."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as out:
-        argv = [sys.executable, str(RUN), "--child", "proton", "--smoke", "--device", "cpu"]
+        argv = [sys.executable, str(COMPARE), "--child", "proton", "--smoke", "--device", "cpu"]
         proc = subprocess.run(
             [*argv, "--workloads", "launch", "--out", out],
             capture_output=True,
@@ -302,7 +302,7 @@ def test_resolution_stats_count_the_summary() -> None:
 def test_unknown_timer_is_rejected() -> None:
     """An unknown --timers name is a usage error, not a silent skip."""
     proc = subprocess.run(
-        [sys.executable, str(RUN), "--smoke", "--timers", "nope", "--out", "unused"],
+        [sys.executable, str(COMPARE), "--smoke", "--timers", "nope", "--out", "unused"],
         capture_output=True,
         text=True,
         timeout=120,
