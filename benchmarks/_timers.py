@@ -170,7 +170,7 @@ PURE_PYTHON_ENV = (("CUDATIMER_PURE_PYTHON", "1"),)
 class CudatimerPure(Cudatimer):
     """cudatimer on its pure-Python core (``cudatimer.core._core_py``, what an install without a C
     compiler runs). Only in a process started with ``CUDATIMER_PURE_PYTHON=1``: the suite
-    measures it in a process of its own (``run.py --child cudatimer-py``)."""
+    measures it in a process of its own (``compare.py --child cudatimer-py``)."""
 
     def __init__(self) -> None:
         from cudatimer.core import _core

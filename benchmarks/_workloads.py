@@ -1,7 +1,7 @@
 """The workloads the benchmark times: two synthetic loops and two real training steps.
 
 Each workload is a model, a ``step()`` that runs one iteration, and the list of modules whose
-``forward`` gets a region. The sizes are the issue's: the two loops measured on an H200, and
+``forward`` gets a region. The sizes: the two loops measured on an H200, and
 GPT-2 small and ResNet-50 training at their usual batch sizes (the <= 5% goal is judged there);
 ``smoke=True`` shrinks everything so a CPU runs it in about a second.
 """

@@ -1,12 +1,12 @@
 """What ``instrument(model, backward=True)`` costs: host time per module per training step
-(CPU), and on a GPU the step-time ratios and the backward coverage of issue #21.
+(CPU), and on a GPU the step-time ratios and the backward coverage.
 
 On the CPU a GPT-2-style model (``_workloads.GPT``) trains with forward, cross-entropy and
 backward (no optimizer: it touches no module). The model is tiny (width 16, 8 tokens), so the
 step is almost all host work and the difference between the variants is the instrumentation's
 host cost; it is divided by the number of instrumented modules.
 
-On a GPU (``--device cuda``) two training steps of the issue are timed: a 6-layer HF GPT-2
+On a GPU (``--device cuda``) two training steps are timed: a 6-layer HF GPT-2
 (batch 8 x 512, bf16 autocast, fused AdamW; ``_workloads.GPT`` with the same sizes where
 transformers is missing) and torchvision's ResNet-50 (batch 256, channels_last, bf16, SGD).
 Each step runs plain, with every module's forward instrumented, with ``backward=True``, and
@@ -17,7 +17,7 @@ the share of the ``<Model>.backward`` root that its child rows cover (target >= 
 share of the whole ``loss.backward()`` that the root covers.
 
     python benchmarks/backward_cost.py                          # CPU: us per module per step
-    python benchmarks/backward_cost.py --device cuda --out b.json  # GPU: ratios, coverage
+    python benchmarks/backward_cost.py --device cuda --rounds 16 --out backward_cost.json  # GPU
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def _cpu_model() -> tuple[nn.Module, Step]:
 
 
 def _gpt2_cuda() -> tuple[nn.Module, Step, str]:
-    """The issue's step: 6-layer GPT-2 (768 wide, 12 heads), batch 8 x 512, bf16, AdamW."""
+    """The GPU step: 6-layer GPT-2 (768 wide, 12 heads), batch 8 x 512, bf16, AdamW."""
     torch.manual_seed(0)
     batch, seq, vocab = 8, 512, 50257
     try:

@@ -1,14 +1,19 @@
 """Regions inside torch.compile: what timing every module of a compiled model costs.
 
 A GPT-2-small training step (batch 8 x 512 tokens, bf16 autocast, inductor default mode),
-compiled twice in one process: plain, and with every module instrumented (each forward's
+compiled three times in one process: plain, with every module instrumented (each forward's
 regions become cudatimer's enter/exit marks inside the graph), and with every module
 instrumented with ``backward=True`` (also one mark per call in the backward graph). The three
 compiled steps then run in interleaved rounds (plain, timed, backward, then reversed ...); the
 figures are the ratios of the median step times to plain's. Also: each compile's wall time,
 and that every module has a GPU total (and a backward row).
 
-    python benchmarks/compile_targets.py --rounds 15 --json results/compile_targets.json
+Then what one region costs inside compiled code, as a slope: a compiled function of N steps
+``x = x + 1``, each a decorated call or a ``with`` block, at N = 1 and N = 33 against the same
+function without regions; beside it the marks' ops called through the dispatcher and the
+region's eager enter and exit (``decorated_region_us``, ``compiled_region_us``, ...).
+
+    python benchmarks/compile_targets.py --rounds 12 --json compile_targets.json
     python benchmarks/compile_targets.py --smoke   # CPU, a tiny model: the script runs
 
 Needs CUDA for the real figures; with ``--smoke`` it runs a 2-layer model on the CPU.
@@ -34,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _workloads import GPT, GPTConfig
 
 import cudatimer
+from cudatimer.sources import _compile
 
 
 def _sync(device: str) -> None:
@@ -69,39 +75,67 @@ def _timed_steps(step: Callable[[], None], n: int, device: str) -> float:
     return (time.perf_counter() - t0) * 1e3 / n
 
 
-def _mark_cost(device: str, n: int = 5000) -> dict[str, float]:
-    """Host microseconds one region adds: eager (enter + exit called directly), and inside a
-    compiled function (its two marks, as Inductor's code calls them), against the same
-    compiled function without the region."""
-    timer = cudatimer.Timer(name="mark-cost")
-    region = timer.region("r")
-    x = torch.ones(4, device=device)
+def _slope_fn(n: int, kind: str, timer: cudatimer.Timer) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A compiled function of ``n`` steps ``x = x + 1``: each a decorated call (``call``: its
+    marks depend on its tensors), a ``with`` block (``block``: no dependencies), or bare."""
+    step = timer.timed(lambda x: x + 1, name="step")
 
-    def bare(x: torch.Tensor) -> torch.Tensor:
-        return x + 1
-
-    def marked(x: torch.Tensor) -> torch.Tensor:
-        with timer.region("r"):
-            x = x + 1
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        for _ in range(n):
+            if kind == "call":
+                x = step(x)
+            elif kind == "block":
+                with timer.region("step"):
+                    x = x + 1
+            else:
+                x = x + 1
         return x
 
-    fns = {
-        "bare": torch.compile(bare, fullgraph=True),
-        "marked": torch.compile(marked, fullgraph=True),
+    return torch.compile(fn, fullgraph=True)
+
+
+def _least(cases: dict[str, tuple[Callable[[], object], int]], rounds: int) -> dict[str, float]:
+    """Microseconds a call, the least of ``rounds`` rounds; each round times every case in
+    turn, so a neighbour's load on a shared machine hits all cases alike (timed one after
+    another, the same case read 9-15 us a pair on the 2-core CPU machine)."""
+    best = dict.fromkeys(cases, float("inf"))
+    for _ in range(rounds):
+        for label, (fn, number) in cases.items():
+            best[label] = min(best[label], timeit.timeit(fn, number=number) / number * 1e6)
+    return best
+
+
+def region_cost(device: str, rounds: int, number: int) -> dict[str, float]:
+    """Host microseconds one region adds inside compiled code, as a slope: the compiled
+    functions of ``_slope_fn`` at 1 and 33 steps, against the same functions without regions;
+    beside them the marks' ops called through the dispatcher (one tensor: a decorated call's
+    overload; none: a ``with`` block's; the list overload, taken for three tensors or more)
+    and the region's eager enter and exit."""
+    timer = cudatimer.Timer(name="region-cost")
+    x = torch.ones(16, device=device)
+    cases: dict[str, tuple[Callable[[], object], int]] = {}
+    for kind in ("none", "call", "block"):
+        for n in (1, 33):
+            fn = _slope_fn(n, kind, timer)
+            fn(x)
+            cases[f"{kind}_{n}"] = (lambda f=fn: f(x), max(number // (4 * n), 20))
+    enter, exit_ = torch.ops.cudatimer.enter, torch.ops.cudatimer.exit
+    key = _compile.key_of(timer.region("step"))
+    region = timer.region("direct")
+    pairs: dict[str, Callable[[], object]] = {
+        "op_pair_with_dep_us": lambda: (enter.one(key, x), exit_.one(key, x)),
+        "op_pair_no_dep_us": lambda: (enter.none(key), exit_.none(key)),
+        "op_pair_dep_list_us": lambda: (enter.default(key, [x]), exit_.default(key, [x])),
+        "eager_region_us": lambda: (region.__enter__(), region.__exit__(None, None, None)),
     }
-
-    def direct() -> None:
-        region.__enter__()
-        region.__exit__(None, None, None)
-
-    got: dict[str, float] = {}
-    for name, fn in (("bare", lambda: fns["bare"](x)), ("marked", lambda: fns["marked"](x))):
-        fn()
-        got[name] = min(timeit.repeat(fn, number=n, repeat=5)) / n * 1e6
-    direct()
-    eager = min(timeit.repeat(direct, number=n, repeat=5)) / n * 1e6
+    cases.update((label, (pair, number)) for label, pair in pairs.items())
+    per = _least(cases, rounds)
     _sync(device)
-    return {"eager_region_us": eager, "compiled_region_us": got["marked"] - got["bare"]}
+    out = {label: round(per[label], 2) for label in pairs}
+    for kind, label in (("call", "decorated_region_us"), ("block", "compiled_region_us")):
+        slope = (per[f"{kind}_33"] - per[f"{kind}_1"] - per["none_33"] + per["none_1"]) / 32
+        out[label] = round(slope, 2)
+    return out
 
 
 def workload(smoke: bool) -> tuple[str, GPTConfig, torch.Tensor]:
@@ -122,7 +156,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="steps per round and variant")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny model: the script runs")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--slope-rounds", type=int, default=20, help="rounds of the per-region slope (least kept)"
+    )
+    ap.add_argument(
+        "--slope-number", type=int, default=2000, help="calls a round of a direct case in the slope"
+    )
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.slope_rounds, args.slope_number = min(args.slope_rounds, 2), 200
 
     device, cfg, idx = workload(args.smoke)
     plain = GPT(cfg).to(device)
@@ -176,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     out["calls_per_module"] = sorted({r.calls for r in s.regions})
     handle.remove()
     both_handle.remove()
-    out.update(_mark_cost(device))
+    out.update(region_cost(device, args.slope_rounds, args.slope_number))
     print(json.dumps(out, indent=2))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")

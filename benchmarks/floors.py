@@ -1,12 +1,12 @@
 """The floor of each open cost target, measured beside cudatimer in one process.
 
-The targets of issues #16 and #21 compare a launch-bound training step with every module
-timed against the same step untimed. Part of what timing adds is the mechanism itself: one
-stream operation per region boundary, and for backward rows torch's own cost of a Python
-pre-hook per module call. This script runs each step with the mechanism alone beside
-cudatimer, so a ratio shows how much of it cudatimer's own work is.
+The cost targets of compiled regions and of backward rows compare a launch-bound training
+step with every module timed against the same step untimed. Part of what timing adds is the
+mechanism itself: one stream operation per region boundary, and for backward rows torch's own
+cost of a Python pre-hook per module call. This script runs each step with the mechanism alone
+beside cudatimer, so a ratio shows how much of it cudatimer's own work is.
 
-``compiled`` (#16): the GPT-2-small training step of ``compile_targets.py`` (batch 8 x 512,
+``compiled``: the GPT-2-small training step of ``compile_targets.py`` (batch 8 x 512,
 bf16 autocast, inductor default mode), compiled twice: plain, and with every module
 instrumented before ``torch.compile``. The instrumented step then runs with its marks doing
 
@@ -17,19 +17,19 @@ instrumented before ``torch.compile``. The instrumented step then runs with its 
 - ``calls``: nothing (Inductor's code still calls the marks' kernels, the graph keeps their
   dependencies): what a mark costs before it does anything.
 
-``backward`` (#21): the 6-layer GPT-2 step of ``backward_cost.py`` with ``backward=True``, its
+``backward``: the 6-layer GPT-2 step of ``backward_cost.py`` with ``backward=True``, its
 rows' hook bodies swapped the same way (``records``: one record per hook call; ``calls``:
 nothing), beside plain, forward-only and the bare-hook floor of ``backward_cost.py``.
 
-On the H200 (benchmarks/RESULTS.md, section F; 24 rounds on a quiet machine start) the compiled
+On the H200 (benchmarks/RESULTS.md, sections C and B; 24 rounds on a quiet host) the compiled
 step read 1.000x with marks doing nothing, 1.059x with one record a mark and 1.078x with
 cudatimer; the backward step 1.016x, 1.022x and 1.029x (forward rows alone 1.012x).
 
 The swaps go through cudatimer's module state (``_compile``'s mark tables, ``_backward``'s
 hook body), which no user code should touch: this is a diagnostic.
 
-    python benchmarks/floors.py --rounds 10 --json results/floors.json   # on a GPU
-    python benchmarks/floors.py --smoke                                  # CPU: the script runs
+    python benchmarks/floors.py --rounds 24 --json floors.json   # on a GPU
+    python benchmarks/floors.py --smoke                          # CPU: the script runs
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ replays without a report hold.
 4. ``stress``: 10^5 replays of a graph with 100 captured regions and no report in between:
    host and device memory before and after, samples kept, lost, the report's time.
 
-    python benchmarks/graph_targets.py --json results/graph_targets.json
+    python benchmarks/graph_targets.py --json graph_targets.json
     python benchmarks/graph_targets.py --smoke   # fewer rounds and replays (still a GPU)
 
 Needs CUDA (graphs exist only there).

@@ -1,740 +1,441 @@
-"""Benchmark cudatimer against the timers people use today, on real models.
+"""The benchmarks' one runner: the standing suites by feature, each run into a dated folder.
 
-    python benchmarks/run.py --out results/            # the full suite (~5 min on an H200)
-    python benchmarks/run.py --smoke --out /tmp/smoke  # tiny sizes, CPU is fine, seconds
+    python3 benchmarks/run.py --list                  # the suites: area, needs, what each measures
+    python3 benchmarks/run.py all                     # every suite this machine can run, full size
+    python3 benchmarks/run.py all --smoke             # the same at smoke size (seconds to minutes)
+    python3 benchmarks/run.py eager compile --out DIR # some suites, into one folder
+    python3 benchmarks/run.py all --dry-run           # the commands, not run
 
-Writes results.md (tables), results.json (every raw number) and overhead.png into --out and
-prints progress and the tables. A timer that fails on a workload is recorded and the suite
-goes on; timers that cannot run here (no CUDA, a package missing) are listed as skipped.
+A suite is a script of this folder run with its standard arguments (those that made the
+figures of RESULTS.md); ``--list`` prints them. Each suite's output goes to ``OUT/<suite>.txt``
+and its figures, where it writes any, beside it (``OUT/<suite>.json``, ``OUT/compare/``).
+``OUT`` defaults to ``benchmarks/results/<date>-<device>/`` (``-2``, ``-3`` for the day's later
+runs on that device; with ``--smoke``, a new temporary folder). ``OUT/run.json`` records the
+date, device, torch, Python, the recorder core, the commit, and each suite's commands, exit
+status, seconds and files. A suite whose needs this machine lacks (CUDA, two GPUs, Nsight
+Systems) is recorded as skipped, with the reason.
 
-Proton is measured in a child process of its own (``run.py --child proton ...``, started by
-the suite): CUPTI takes one subscriber per process, so Proton cannot run where torch.profiler
-runs (the torch-profiler timer, the sync count, the accuracy check). The child never uses
-torch.profiler and interleaves its own none, floor, cudatimer and proton blocks; its rows are
-merged into the tables with ratios against its own none and floor. cudatimer's pure-Python
-core (``cudatimer-py``) is measured the same way, in a child started with
-``CUDATIMER_PURE_PYTHON=1`` (cudatimer chooses its core once, at import), next to that
-process's none and floor. GPU clocks are never locked or changed.
+Every script also runs on its own, with any of its arguments (``python3 benchmarks/<script>
+--help``); the runner only fixes which arguments a recorded run uses.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
-import importlib.metadata
+import datetime
 import json
 import os
-import platform
+import re
+import shlex
+import shutil
 import subprocess
 import sys
-import threading
+import tempfile
+import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import _measure
-import _report
-import _timers
-import _workloads
-import torch
-from _measure import SeparateProcess, WorkloadRun, error_text
-from _timers import BY_KEY, TIMERS, TimerAdapter, TimerSpec
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+#: What a suite may need from the machine (``needs``), and how each is checked.
+NEEDS = ("cuda", "2 gpus", "nsys")
+#: A results folder: its date, its device ("h200", "h200x2", "cpu") and the day's run number.
+RUN_DIR = re.compile(r"^(\d{4}-\d{2}-\d{2})-([a-z0-9]+)(?:-(\d+))?$")
 
-ROOT = Path(__file__).resolve().parent.parent
-CHECKS = ("syncs", "memory", "report", "accuracy", "resolution")
-_RECORD_NOTHING = ("cudatimer-nvtx", "cudatimer-off")  # by design: no samples to count
-#: Timers measured in a process of their own (spec.own_process says why).
-CHILD_KINDS = tuple(s.key for s in TIMERS if s.own_process)
-#: What a child process measures besides its own timer (``spec.peers``: a baseline, the floor
-#: and cudatimer by default), so its rows read against that process's own numbers.
-#: The per-timer checks a child runs for its timer (the sync count needs torch.profiler).
-CHILD_CHECKS = ("report", "memory")
-#: Shares of --time-limit-s: the main process's workloads stop adding rounds past the first,
-#: a child process gets the second (its own workloads 80% of it), the checks get the rest.
-WORKLOAD_SHARE, CHILD_SHARE, CHILD_WORKLOAD_SHARE = 0.45, 0.2, 0.8
-#: The resolution check: regions on the launch workload, then one summary().
-RESOLUTION_KEYS = ("none", "floor", "cudatimer")
-
-_T0 = time.perf_counter()
+#: A command line, split as a shell would; ``{py}`` is this Python, ``{out}`` the run's
+#: folder, ``{tmp}`` a scratch folder of the suite's (large files that are no figures), ``{pin}``
+#: a CPU core to pin to (the last this process may use).
+Command = str
 
 
-def log(msg: str) -> None:
-    print(f"[{time.perf_counter() - _T0:7.1f}s] {msg}", flush=True)
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    """One standing suite: its commands at full size (the figures of RESULTS.md) and at smoke
+    size, what each needs of the machine, and its section of RESULTS.md."""
+
+    name: str
+    area: str
+    what: str
+    full: tuple[Command, ...]
+    smoke: tuple[Command, ...]
+    needs: tuple[str, ...] = ()  # of NEEDS, for the full commands
+    smoke_needs: tuple[str, ...] = ()
+    smoke_env: tuple[tuple[str, str], ...] = ()
+
+    def scripts(self) -> list[str]:
+        """The benchmark scripts its commands run (paths from the project root)."""
+        words = [w for cmd in (*self.full, *self.smoke) for w in shlex.split(cmd)]
+        return sorted({w for w in words if w.startswith("benchmarks/")})
 
 
-def _csv(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    if items == ["all"]:
-        return list(allowed)
-    if items == ["none"]:
-        return []
-    bad = [v for v in items if v not in allowed]
-    if bad:
-        raise argparse.ArgumentTypeError(
-            f"unknown {what}: {', '.join(bad)} (choose from {', '.join(allowed)})"
-        )
-    return items
+_NSYS = "nsys profile -t cuda,nvtx -s none --cpuctxsw=none -f true"
+_LIGHTNING = "none,cudatimer,lightning-simple,lightning-pytorch,lightning-cudatimer"
+_TORCHRUN = "{py} -m torch.distributed.run --nproc-per-node 2 benchmarks/dist_check.py"
+
+#: The standing suites, in RESULTS.md's reading order. A new suite is one more entry: its
+#: script in benchmarks/, its standard and its smoke commands.
+SUITES: tuple[Suite, ...] = (
+    Suite(
+        "hotpath",
+        "E",
+        "the hot path per region against two bare event records, paired rounds with intervals "
+        "(the launch-bound and the compute-bound loop)",
+        full=(
+            "{py} benchmarks/hotpath.py --rounds 400 --iters 3 --pin {pin}",
+            "{py} benchmarks/hotpath.py --workload compute --rounds 200 --iters 1 --pin {pin}",
+        ),
+        smoke=("{py} benchmarks/hotpath.py --rounds 3 --iters 1",),
+        needs=("cuda",),
+    ),
+    Suite(
+        "eager",
+        "E",
+        "eager-mode targets: the launch loop against torch and raw event floors, the GPT-2 "
+        "decode with instrument() and its floors, memory over 10^6 regions, the Python core",
+        full=("{py} benchmarks/eager_targets.py --out {out}",),
+        smoke=("{py} benchmarks/eager_targets.py --smoke --out {out}",),
+        needs=("cuda",),
+    ),
+    Suite(
+        "compare",
+        "E",
+        "cudatimer against the timers in use today on four workloads, with the per-timer "
+        "checks (syncs, memory, report time, accuracy, resolution)",
+        full=("{py} benchmarks/compare.py --out {out}/compare",),
+        smoke=("{py} benchmarks/compare.py --smoke --out {out}/compare",),
+        needs=("cuda",),
+    ),
+    Suite(
+        "disabled",
+        "E",
+        "a decorated function and a region under CUDATIMER_DISABLE and disable(), per call",
+        full=("{py} benchmarks/disabled_cost.py",),
+        smoke=("{py} benchmarks/disabled_cost.py",),
+        smoke_env=(("CUDATIMER_BENCH_N", "2000"),),
+    ),
+    Suite(
+        "syncs",
+        "E",
+        "sync detection's cost on the launch-bound loop (trace and debug-mode sources)",
+        full=("{py} benchmarks/sync_overhead.py",),
+        smoke=("{py} benchmarks/sync_overhead.py --processes 1 --rounds 2",),
+        needs=("cuda",),
+        smoke_needs=("cuda",),
+    ),
+    Suite(
+        "compile",
+        "C",
+        "the compiled GPT-2-small step with every module timed (forward, and backward marks), "
+        "and one region's host cost inside compiled code",
+        full=("{py} benchmarks/compile_targets.py --rounds 12 --json {out}/compile.json",),
+        smoke=(
+            "{py} benchmarks/compile_targets.py --smoke --rounds 2 --steps 1"
+            " --json {out}/compile.json",
+        ),
+        needs=("cuda",),
+    ),
+    Suite(
+        "floors",
+        "C",
+        "the mechanism's own cost beside cudatimer's: compiled marks and backward hooks that "
+        "do nothing, or record one event",
+        full=("{py} benchmarks/floors.py --rounds 24 --json {out}/floors.json",),
+        smoke=("{py} benchmarks/floors.py --smoke --json {out}/floors.json",),
+        needs=("cuda",),
+    ),
+    Suite(
+        "graphs",
+        "G",
+        "regions inside CUDA graphs: GPU time per timestamp, the decode graph, accuracy, "
+        "10^5 replays without a report",
+        full=("{py} benchmarks/graph_targets.py --json {out}/graphs.json",),
+        smoke=("{py} benchmarks/graph_targets.py --smoke --json {out}/graphs.json",),
+        needs=("cuda",),
+        smoke_needs=("cuda",),
+    ),
+    Suite(
+        "backward",
+        "B",
+        "backward rows: GPT-2 and ResNet-50 step ratios, the bare-hook floor, coverage (GPU); "
+        "the host cost per module per step (CPU, smoke)",
+        full=(
+            "{py} benchmarks/backward_cost.py --device cuda --rounds 16 --out {out}/backward.json",
+        ),
+        smoke=("{py} benchmarks/backward_cost.py --out {out}/backward.json",),
+        needs=("cuda",),
+        smoke_env=(("CUDATIMER_BENCH_N", "2"),),
+    ),
+    Suite(
+        "sinks",
+        "S",
+        "per-step sinks (StepFeed, the TensorBoard adapter) on the GPT-2-small step",
+        full=("{py} benchmarks/sink_overhead.py --out {out}/sinks.json",),
+        smoke=("{py} benchmarks/sink_overhead.py --smoke --out {out}/sinks.json",),
+        needs=("cuda",),
+    ),
+    Suite(
+        "lightning",
+        "S",
+        "the Lightning profiler per action, beside Lightning's own profilers",
+        full=(
+            "{py} benchmarks/compare.py --workloads launch,gpt2 --timers "
+            + _LIGHTNING
+            + " --checks none --rounds 7 --out {out}/lightning",
+        ),
+        smoke=(
+            "{py} benchmarks/compare.py --smoke --workloads launch,gpt2 --timers "
+            + _LIGHTNING
+            + " --checks none --out {out}/lightning",
+        ),
+        needs=("cuda",),
+    ),
+    Suite(
+        "html",
+        "H",
+        "the HTML report of a 10^4-step run of 200 regions: page size and render time",
+        full=("{py} benchmarks/html_report.py --repeat 5",),
+        smoke=("{py} benchmarks/html_report.py --steps 30 --regions 12 --repeat 1",),
+    ),
+    Suite(
+        "nsight",
+        "N",
+        "cudatimer's GPU times against Nsight Systems' projection of its NVTX ranges (eager, "
+        "and a region inside compiled code)",
+        full=(
+            _NSYS + " -o {tmp}/eager {py} benchmarks/nsys_check.py --workload"
+            " --summary {out}/nsight_eager.json",
+            "{py} benchmarks/nsys_check.py --check {tmp}/eager.nsys-rep"
+            " --summary {out}/nsight_eager.json",
+            _NSYS + " -o {tmp}/compiled {py} benchmarks/nsys_check.py --workload --compiled"
+            " --summary {out}/nsight_compiled.json",
+            "{py} benchmarks/nsys_check.py --check {tmp}/compiled.nsys-rep"
+            " --summary {out}/nsight_compiled.json",
+        ),
+        smoke=("{py} benchmarks/nsys_check.py --selftest",),
+        needs=("cuda", "nsys"),
+    ),
+    Suite(
+        "distributed",
+        "D",
+        "cross-rank reports on a real two-rank job (NCCL on two GPUs; gloo on a CPU)",
+        full=(_TORCHRUN,),
+        smoke=(_TORCHRUN,),
+        needs=("2 gpus",),
+    ),
+)
+BY_NAME = {s.name: s for s in SUITES}
+
+
+def _machine(smoke: bool) -> dict[str, Any]:
+    """This machine as the suites see it, read in a child process (the runner imports
+    neither torch nor cudatimer, so it holds no CUDA context while the suites run)."""
+    probe = (
+        "import json, platform, torch, cudatimer\n"
+        "n = torch.cuda.device_count() if torch.cuda.is_available() else 0\n"
+        "print(json.dumps({'gpus': n, 'device': torch.cuda.get_device_name(0) if n else "
+        "'cpu (' + (platform.processor() or platform.machine()) + ')', 'torch': torch.__version__,"
+        " 'cuda': torch.version.cuda, 'python': platform.python_version(),"
+        " 'core': 'C' if cudatimer.compiled() else 'Python'}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, env=_env(())
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"run.py: could not read this machine's torch:\n{done.stderr[-2000:]}")
+    info: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    info["nsys"] = shutil.which("nsys") is not None
+    info["smoke"] = smoke
+    return info
+
+
+def _env(extra: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    """The suites import this checkout's cudatimer, not an installed one."""
+    path = os.environ.get("PYTHONPATH", "")
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), path) if p),
+        **dict(extra),
+    }
+
+
+def missing(needs: tuple[str, ...], machine: dict[str, Any]) -> str | None:
+    """Why this machine cannot run a suite that needs ``needs`` (None: it can)."""
+    if "2 gpus" in needs and machine["gpus"] < 2:
+        return f"needs two GPUs (this machine has {machine['gpus']})"
+    if "cuda" in needs and machine["gpus"] < 1:
+        return "needs CUDA (this machine has no GPU)"
+    if "nsys" in needs and not machine["nsys"]:
+        return "needs Nsight Systems (nsys is not on PATH)"
+    return None
+
+
+def device_slug(machine: dict[str, Any]) -> str:
+    """``h200`` for one NVIDIA H200, ``h200x2`` for two, ``cpu`` without a GPU."""
+    if machine["gpus"] == 0:
+        return "cpu"
+    name = re.sub(r"[^a-z0-9]+", "", machine["device"].lower().replace("nvidia", ""))
+    return f"{name or 'gpu'}x{machine['gpus']}" if machine["gpus"] > 1 else name or "gpu"
+
+
+def next_run_dir(results: Path, date: str, slug: str) -> Path:
+    """``results/<date>-<slug>`` for the day's first run on that device, then ``-2``, ``-3``."""
+    first = results / f"{date}-{slug}"
+    if not first.exists():
+        return first
+    n = 2
+    while (results / f"{first.name}-{n}").exists():
+        n += 1
+    return results / f"{first.name}-{n}"
+
+
+def _pin() -> str:
+    return str(max(os.sched_getaffinity(0)))
+
+
+def expand(cmd: Command, out: Path, tmp: Path) -> list[str]:
+    """``cmd``'s argv with its placeholders filled in."""
+    values = {"{py}": sys.executable, "{out}": str(out), "{tmp}": str(tmp), "{pin}": _pin()}
+    expanded = []
+    for arg in shlex.split(cmd):
+        for key, value in values.items():
+            arg = arg.replace(key, value)
+        expanded.append(arg)
+    return expanded
+
+
+def _files(out: Path) -> set[str]:
+    return {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()} - {"run.json"}
+
+
+def run_suite(suite: Suite, out: Path, smoke: bool, record: dict[str, Any]) -> bool:
+    """Runs one suite's commands in turn into ``out/<name>.txt``; True when all exited 0."""
+    commands = suite.smoke if smoke else suite.full
+    env = _env(suite.smoke_env if smoke else ())
+    log = out / f"{suite.name}.txt"
+    before = _files(out)
+    entry: dict[str, Any] = {"commands": [], "seconds": 0.0}
+    ok = True
+    t0 = time.perf_counter()
+    with log.open("w") as f, tempfile.TemporaryDirectory(prefix=f"{suite.name}-") as tmp:
+        for cmd in commands:
+            argv = expand(cmd, out, Path(tmp))
+            shown = shlex.join(a.replace(sys.executable, "python3") for a in argv)
+            f.write(f"$ {shown}\n")
+            f.flush()
+            rc = subprocess.run(
+                argv, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT
+            ).returncode
+            entry["commands"].append({"argv": shown, "rc": rc})
+            f.write(f"[exit {rc}]\n\n")
+            f.flush()
+            if rc != 0:
+                ok = False
+                break
+    entry["seconds"] = round(time.perf_counter() - t0, 1)
+    entry["files"] = sorted(_files(out) - before)
+    record["suites"][suite.name] = entry
+    for name in entry["files"]:
+        record["files"][name] = f"{suite.name}: {entry['commands'][0]['argv']}"
+    return ok
+
+
+def _commit() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain"))}
+
+
+def print_list() -> None:
+    print("suite, its RESULTS.md section, what it needs, what it measures, its full-size commands")
+    print("({out}: the run's folder; {tmp}: a scratch folder; {pin}: a CPU core)\n")
+    width = max(len(s.name) for s in SUITES)
+    for s in SUITES:
+        needs = ", ".join(s.needs) or "-"
+        print(f"{s.name:{width}}  {s.area}  needs: {needs}")
+        for line in textwrap.wrap(s.what, 90):
+            print(f"{'':{width}}     {line}")
+        for cmd in s.full:
+            print(f"{'':{width}}     $ {cmd.replace('{py}', 'python3')}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("results"), help="output folder")
-    p.add_argument(
-        "--smoke", action="store_true", help="tiny sizes, 2 rounds: runs on a CPU in seconds"
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument(
-        "--workloads",
-        default=",".join(_workloads.WORKLOADS),
-        help=f"comma list or 'all' ({', '.join(_workloads.WORKLOADS)})",
-    )
-    default_timers = ",".join(s.key for s in TIMERS if s.default)
-    p.add_argument(
-        "--timers",
-        default=default_timers,
-        help=f"comma list or 'all' (default: {default_timers}; also: "
-        + ", ".join(s.key for s in TIMERS if not s.default)
-        + ")",
-    )
-    p.add_argument("--rounds", type=int, default=None, help="rounds per workload (override)")
-    p.add_argument("--iters", type=int, default=None, help="timed iterations per block (override)")
-    p.add_argument(
-        "--checks",
-        default=",".join(CHECKS),
-        help=f"per-timer checks, comma list, 'all' or 'none' ({', '.join(CHECKS)})",
-    )
-    p.add_argument("--mem-regions", type=int, default=None, help="regions in the memory test (1e6)")
-    p.add_argument(
-        "--mem-cap-s",
-        type=float,
-        default=None,
-        help="seconds after which a competitor's memory test stops early (2.5; cudatimer: none)",
-    )
-    p.add_argument(
-        "--report-samples", type=int, default=None, help="pending samples before a report (1e5)"
-    )
-    p.add_argument(
-        "--time-limit-s",
-        type=float,
-        default=None,
-        help="wall-clock budget (300; 0: none): the workloads stop adding rounds past 45%% "
-        "of it (3 rounds at least), a separate process (Proton) gets 20%%, the checks the "
-        "rest; checks not started by then are skipped",
-    )
-    p.add_argument(
-        "--resolution-regions",
-        type=int,
-        default=None,
-        help="regions before the summary() in the resolution check (20000)",
-    )
-    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    p.add_argument(
-        "--pin-cpu",
-        type=int,
-        default=None,
-        help="pin the process to this CPU core (fewer migrations: the launch-bound loop's "
-        "block-to-block spread drops; the profiler-based timers' own threads then share it)",
-    )
-    p.add_argument("--list", action="store_true", help="list workloads and timers, then exit")
-    p.add_argument(
-        "--child",
-        choices=CHILD_KINDS,
-        default=None,
-        help="internal: measure this timer in this process with its peers ("
-        + "; ".join(f"{k}: {', '.join(BY_KEY[k].peers)}" for k in CHILD_KINDS)
-        + "); writes <out>/<timer>_process.json (the suite starts it)",
-    )
+    p.add_argument("suites", nargs="*", help=f"'all' or suite names: {', '.join(BY_NAME)}")
+    p.add_argument("--list", action="store_true", help="the suites and their commands, then exit")
+    p.add_argument("--smoke", action="store_true", help="each suite at its smoke size")
+    p.add_argument("--out", type=Path, default=None, help="the run's folder (default: dated)")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = p.parse_args(argv)
-    if args.pin_cpu is not None:
-        os.sched_setaffinity(0, {args.pin_cpu})
-    all_keys = tuple(s.key for s in TIMERS)
-    try:
-        args.workload_list = _csv(args.workloads, _workloads.WORKLOADS, "workload")
-        args.timer_list = _csv(args.timers, all_keys, "timer")
-        args.check_list = _csv(args.checks, CHECKS, "check")
-    except argparse.ArgumentTypeError as exc:
-        p.error(str(exc))
-    if args.child is not None:
-        args.timer_list = [*BY_KEY[args.child].peers, args.child]
-        args.check_list = [c for c in args.check_list if c in CHILD_CHECKS]
-    if "none" not in args.timer_list:
-        args.timer_list.insert(0, "none")  # every ratio is against it
+    if args.list:
+        return args
+    if not args.suites:
+        p.error("name the suites to run ('all', or see --list)")
+    names = list(BY_NAME) if args.suites == ["all"] else args.suites
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        p.error(f"unknown suite: {', '.join(unknown)} (choose from all, {', '.join(BY_NAME)})")
+    args.chosen = [BY_NAME[n] for n in dict.fromkeys(names)]
     return args
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _meta(args: argparse.Namespace, device: str) -> dict[str, Any]:
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        commit = ""
-    meta: dict[str, Any] = {
-        "argv": sys.argv[1:],
-        "smoke": args.smoke,
-        "device": device,
-        "device_name": torch.cuda.get_device_name()
-        if device == "cuda"
-        else platform.processor() or platform.machine(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "git_commit": commit or None,
-        "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI"),
-        "pinned_cpu": args.pin_cpu,
-        "versions": {
-            d: _version(d)
-            for d in (
-                "cudatimer",
-                "nvtx",
-                "lightning",
-                "pytorch-lightning",
-                "torchtnt",
-                "triton",
-                "torchvision",
-                "tabulate",
-                "matplotlib",
-            )
-        },
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    return meta
-
-
-class Suite:
-    """Runs the phases and rewrites the outputs after each, so a crash keeps what was done.
-
-    With ``args.child`` set it is the child process of one timer (Proton): its peers and that
-    timer on every workload, that timer's report and memory checks, and a JSON file for the
-    parent instead of the tables."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.child: str | None = args.child
-        want_cuda = args.device in ("auto", "cuda")
-        if args.device == "cuda" and not torch.cuda.is_available():
-            raise SystemExit("--device cuda: CUDA is not available here")
-        self.cuda = want_cuda and torch.cuda.is_available()
-        self.device = "cuda" if self.cuda else "cpu"
-        self.specs = [BY_KEY[k] for k in args.timer_list]
-        self.skips: dict[str, str] = {}
-        self.runs: list[WorkloadRun] = []
-        self.checks: dict[str, dict[str, Any]] = {}
-        self.notes: list[str] = []
-        self.separate: list[SeparateProcess] = []
-        self.check_error: str | None = None  # the child's quick check of its timer
-        self.meta = _meta(args, self.device)
-        args.out.mkdir(parents=True, exist_ok=True)
-
-    # -- outputs --------------------------------------------------------------------------------
-    def child_json(self) -> Path:
-        out: Path = self.args.out
-        return out / f"{self.child}_process.json"
-
-    def write(self) -> str:
-        self.meta["seconds"] = time.perf_counter() - _T0
-        if self.child is not None:
-            data = {
-                "process": self.child,
-                "check_error": self.check_error,
-                "meta": self.meta,
-                "runs": [dataclasses.asdict(r) for r in self.runs],
-                "checks": self.checks,
-                "notes": self.notes,
-            }
-            self.child_json().write_text(json.dumps(_report.clean(data), indent=1))
-            return ""
-        descriptions = {s.key: s.description for s in self.specs}
-        md = _report.render_markdown(
-            self.meta, self.runs, descriptions, self.checks, self.notes, self.separate
-        )
-        (self.args.out / "results.md").write_text(md)
-        data = _report.to_json(
-            self.meta, self.runs, descriptions, self.checks, self.notes, self.separate
-        )
-        (self.args.out / "results.json").write_text(json.dumps(data, indent=1))
-        return md
-
-    # -- phases ---------------------------------------------------------------------------------
-    def build_adapter(self, spec: TimerSpec) -> TimerAdapter:
-        return _timers.make(spec, self.cuda)
-
-    def prepare(self) -> None:
-        torch.manual_seed(0)
-        if not self.cuda:
-            # Tiny CPU ops gain nothing from intra-op threads, and on a shared machine a second
-            # thread waiting for a busy core turned 0.06 ms iterations into 64 ms ones.
-            torch.set_num_threads(1)
-        if self.cuda:
-            torch.backends.cudnn.benchmark = True  # ResNet: tune convolutions once, in warm-up
-        for spec in self.specs:
-            if spec.needs_cuda and not self.cuda:
-                self.skips[spec.key] = "needs CUDA (this run has no GPU)"
-            elif spec.own_process and self.child is None:
-                self.skips[spec.key] = "measured in a separate process"
-        check = BY_KEY[self.child].quick_check if self.child is not None else None
-        if self.child is not None and check is not None and self.child not in self.skips:
-            log(f"quick check: a {self.child} session in this process")
-            self.check_error = check(self.device)
-            if self.check_error is not None:
-                self.skips[self.child] = f"failed its quick check: {self.check_error}"
-                self.notes.append(f"{self.child} failed its quick check: {self.check_error}")
-            log(f"  {self.child}: {'ok' if self.check_error is None else self.check_error}")
-        for key, why in self.skips.items():
-            log(f"skip {key}: {why}")
-
-    def _limit(self) -> float | None:
-        limit = self.args.time_limit_s
-        if limit is None:
-            limit = 0.0 if self.args.smoke else 300.0
-        return limit if limit > 0 else None
-
-    def _over_time(self) -> bool:
-        limit = self._limit()
-        return limit is not None and time.perf_counter() - _T0 > limit
-
-    def workloads(self) -> None:
-        if self.child is not None and self.child in self.skips:
-            return  # its timer cannot run: the peers alone would measure nothing new
-        names = list(self.args.workload_list)
-        limit = self._limit()
-        share = CHILD_WORKLOAD_SHARE if self.child is not None else WORKLOAD_SHARE
-        for i, name in enumerate(names):
-            deadline = None
-            if limit is not None:
-                # An equal share of what is left of the workloads' share for each one to come.
-                left = share * limit - (time.perf_counter() - _T0)
-                deadline = time.perf_counter() + max(0.0, left) / (len(names) - i)
-            log(f"workload {name}: building")
-            if self.cuda:
-                torch.cuda.reset_peak_memory_stats()
-            try:
-                wl = _workloads.build(name, self.device, self.args.smoke)
-            except _workloads.SkipWorkload as exc:
-                self.notes.append(f"workload {name} skipped: {exc}")
-                log(f"  skipped: {exc}")
-                continue
-            except Exception as exc:
-                self.notes.append(f"workload {name} failed to build: {error_text(exc)}")
-                log(f"  failed to build: {error_text(exc)}")
-                continue
-            try:
-                if self.args.rounds is not None:
-                    wl.rounds = self.args.rounds
-                wl.regions_per_iter = _measure.count_regions(wl)
-                for _ in range(2):  # allocator, cuBLAS/cuDNN autotuning, clocks
-                    wl.step()
-                _measure.sync()
-                step_ms = None
-                if self.args.iters is not None:
-                    wl.iters = self.args.iters
-                elif wl.block_ms > 0:
-                    step_ms = _measure.calibrate_iters(wl)
-                    log(
-                        f"  unwrapped step {step_ms:.2f} ms: {wl.iters} timed iterations per "
-                        f"block (~{wl.block_ms:.0f} ms wanted)"
-                    )
-                log(
-                    f"  {wl.regions_per_iter} regions/iter, {wl.rounds} rounds x "
-                    f"{len(self.specs)} timers x ({wl.warmup}+{wl.iters}) iterations"
-                )
-                run = _measure.run_interleaved(
-                    wl, self.specs, self.build_adapter, self.skips, log, deadline=deadline
-                )
-                run.calibrated_step_ms = step_ms
-                run.process = self.child or "main"
-                if self.cuda:
-                    run.peak_mem_gb = torch.cuda.max_memory_allocated() / 1e9
-                    log(f"  peak GPU memory allocated: {run.peak_mem_gb:.1f} GB")
-                if len(run.rounds) < wl.rounds:
-                    self.notes.append(
-                        f"{name}: {len(run.rounds)} of {wl.rounds} rounds (time limit)"
-                    )
-                self.runs.append(run)
-                self._check_recorded(run)
-            except Exception as exc:
-                self.notes.append(f"workload {name} failed: {error_text(exc)}")
-                log(f"  failed: {error_text(exc)}")
-            finally:
-                del wl
-                gc.collect()
-                if self.cuda:
-                    torch.cuda.empty_cache()
-            self.write()
-
-    def _check_recorded(self, run: WorkloadRun) -> None:
-        """A timer that reports how many regions it recorded must have recorded every one: a
-        cheap proof that it was really on (cudatimer's nvtx mode and its off switch record none)."""
-        per_block = run.regions_per_iter * (run.warmup + run.iters)
-        for key, tr in run.timers.items():
-            if tr.status != "ok" or not tr.recorded_known or key in _RECORD_NOTHING:
-                continue
-            expected = per_block * len(run.rounds)
-            if tr.recorded_regions != expected:
-                msg = (
-                    f"{run.name}/{key} recorded {tr.recorded_regions} regions, expected {expected}"
-                )
-                self.notes.append(msg)
-                log(f"  warning: {msg}")
-
-    # -- the separate processes -----------------------------------------------------------------
-    def separate_processes(self) -> None:
-        """Run each own-process timer (Proton) in a child process and keep what it measured."""
-        for spec in self.specs:
-            if not spec.own_process or self.skips.get(spec.key) != "measured in a separate process":
-                continue
-            sp = self._run_child(spec)
-            self.separate.append(sp)
-            missing = "its separate process did not measure this workload (see Notes)"
-            if sp.error is not None:
-                missing = f"failed in its own process: {sp.error}"
-                self.skips[spec.key] = missing
-                self.notes.append(f"{spec.key}: {missing}")
-            for run in self.runs:
-                tr = run.timers.get(spec.key)
-                if tr is not None and run.name not in sp.runs:
-                    tr.reason = missing
-            for note in sp.notes:
-                self.notes.append(f"{spec.key}'s process: {note}")
-            self.write()
-
-    def _child_argv(self, key: str, limit: float | None) -> list[str]:
-        a = self.args
-        argv = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--child",
-            key,
-            "--out",
-            str(a.out),
-            "--workloads",
-            ",".join(a.workload_list),
-            "--checks",
-            ",".join(c for c in a.check_list if c in CHILD_CHECKS) or "none",
-            "--device",
-            self.device,
-            "--time-limit-s",
-            str(limit or 0),
-        ]
-        if a.smoke:
-            argv.append("--smoke")
-        for flag, value in (
-            ("--rounds", a.rounds),
-            ("--iters", a.iters),
-            ("--mem-regions", a.mem_regions),
-            ("--mem-cap-s", a.mem_cap_s),
-            ("--report-samples", a.report_samples),
-        ):
-            if value is not None:
-                argv += [flag, str(value)]
-        return argv
-
-    def _run_child(self, spec: TimerSpec) -> SeparateProcess:
-        limit = self._limit()
-        child_limit = None if limit is None else max(30.0, CHILD_SHARE * limit)
-        # Import, CUDA start, model builds and a hung CUPTI teardown: generous, but bounded.
-        timeout_s = 900.0 if child_limit is None else 1.5 * child_limit + 60.0
-        sp = SeparateProcess(key=spec.key, why=spec.own_process or "")
-        path = self.args.out / f"{spec.key}_process.json"
-        path.unlink(missing_ok=True)
-        argv = self._child_argv(spec.key, child_limit)
-        log(f"{spec.key}: measuring in a separate process ({spec.own_process})")
-        log("  " + " ".join([*(f"{k}={v}" for k, v in spec.env), *argv[1:]]))
-        tail: list[str] = []
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, **dict(spec.env)},
-        )
-
-        def pump() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                line = line.rstrip()
-                tail.append(line)
-                del tail[:-40]
-                print(f"    [{spec.key}] {line}", flush=True)
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        try:
-            sp.rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            sp.rc = proc.wait()
-            sp.error = f"its process ran past {timeout_s:.0f} s and was killed"
-        reader.join(timeout=10)
-        sp.seconds = time.perf_counter() - t0
-        sp.path = path.name
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            if sp.error is None:
-                last = " | ".join(ln for ln in tail[-3:] if ln.strip())
-                sp.error = f"its process exited with rc {sp.rc} and no results ({exc}): {last}"
-            return sp
-        sp.check_error = data.get("check_error")
-        sp.runs = {r["name"]: _measure.run_from_dict(r) for r in data.get("runs", [])}
-        sp.checks = data.get("checks", {})
-        sp.notes = [n for n in data.get("notes", []) if not n.startswith(f"{spec.key} failed")]
-        if sp.check_error is not None:
-            sp.error = f"its quick check failed: {sp.check_error}"
-        elif sp.error is None and sp.rc != 0:
-            last = " | ".join(ln for ln in tail[-3:] if ln.strip())
-            sp.error = f"its process exited with rc {sp.rc}: {last}"
-            if sp.runs:
-                sp.error += f" (kept the {len(sp.runs)} workloads it finished)"
-        log(
-            f"{spec.key}: separate process done in {sp.seconds:.0f} s, rc {sp.rc}, "
-            f"{len(sp.runs)} workloads" + (f"; {sp.error}" if sp.error else "")
-        )
-        return sp
-
-    # -- per-timer checks -----------------------------------------------------------------------
-    def _each_timer(
-        self,
-        check: str,
-        fn: Callable[[TimerSpec, TimerAdapter], dict[str, Any]],
-        exclude: Callable[[TimerSpec], str | None] = lambda s: None,
-    ) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
-        for spec in self.specs:
-            if self.child is not None and spec.key != self.child:
-                continue  # the main process checks the peers
-            if spec.no_checks:
-                # A short cell of its own (not "skipped: ..."): e.g. the same recorder again.
-                out[spec.key] = {"skipped": spec.no_checks, "same_as": True}
-                continue
-            why = exclude(spec) or self.skips.get(spec.key)
-            if not why and self._over_time():
-                why = "time limit reached (--time-limit-s)"
-            if why:
-                out[spec.key] = {"skipped": why}
-                continue
-            adapter: TimerAdapter | None = None
-            try:
-                adapter = self.build_adapter(spec)
-                out[spec.key] = fn(spec, adapter)
-                log(f"  {check} {spec.key}: {_brief(out[spec.key])}")
-            except _timers.SkipTimer as exc:
-                out[spec.key] = {"skipped": str(exc)}
-            except Exception as exc:
-                out[spec.key] = {"error": error_text(exc)}
-                log(f"  {check} {spec.key}: error: {error_text(exc)}")
-            finally:
-                if adapter is not None:
-                    try:
-                        adapter.close()
-                    except Exception as exc:
-                        log(f"  {spec.key}: close failed: {error_text(exc)}")
-                gc.collect()
-        return out
-
-    def check_syncs(self) -> None:
-        if not self.cuda:
-            self.checks["syncs"] = {s.key: {"skipped": "needs CUDA"} for s in self.specs}
-            return
-        log("syncs: counting CUDA runtime calls under torch.profiler (launch workload)")
-        wl = _workloads.build("launch", self.device, self.args.smoke)
-        wl.regions_per_iter = _measure.count_regions(wl)
-        iters = 3
-        base = _measure.count_runtime_calls(wl, _timers.NoTimer(), iters)
-        per = iters * wl.regions_per_iter
-
-        def one(spec: TimerSpec, adapter: TimerAdapter) -> dict[str, Any]:
-            c = _measure.count_runtime_calls(wl, adapter, iters)
-            diff = {k: c[k] - base[k] for k in c}
-            syncs = sum(diff[k] for k in _measure.SYNC_NAMES)
-            records = diff["cudaEventRecord"] + diff["cudaEventRecordWithFlags"]
-            return {
-                "counts": c,
-                "baseline": base,
-                "iters": iters,
-                "regions_per_iter": wl.regions_per_iter,
-                "syncs_per_region": syncs / per,
-                "queries_per_region": diff["cudaEventQuery"] / per,
-                "records_per_region": records / per,
-            }
-
-        self.checks["syncs"] = self._each_timer(
-            "syncs",
-            one,
-            lambda s: "a profiler itself (owns CUPTI)" if s.profiler_based else None,
-        )
-
-    def check_memory(self) -> None:
-        n = self.args.mem_regions or (2_000 if self.args.smoke else 1_000_000)
-        # 2.5 s: ~1e5 regions even for the slowest timers, enough to see growth per region.
-        cap = self.args.mem_cap_s or (2.0 if self.args.smoke else 2.5)
-        log(f"memory: RSS growth after {n:,} regions around a tiny op, no report in between")
-
-        def one(spec: TimerSpec, adapter: TimerAdapter) -> dict[str, Any]:
-            # A profiler's stop parses every event it holds (seconds per 1e5): a short cap.
-            this_cap = None if spec.full_memory_run else cap
-            if spec.profiler_based:
-                this_cap = min(cap, 1.5)
-            return _measure.memory_growth(adapter, self.device, n, this_cap)
-
-        self.checks["memory"] = self._each_timer("memory", one)
-
-    def check_report(self) -> None:
-        n = self.args.report_samples or (1_000 if self.args.smoke else 100_000)
-        log(f"report: time to produce a report with {n:,} samples pending")
-
-        def one(spec: TimerSpec, adapter: TimerAdapter) -> dict[str, Any]:
-            # torch.profiler's key_averages() costs ~0.1-0.4 ms per event (measured here: 7 s
-            # for 2e4 regions on the CPU), and a GPU region is 3-4 events: 1e5 regions would
-            # take minutes of the suite's budget. Profilers get 1e4, and the row says so.
-            samples = min(n, 10_000) if spec.profiler_based else n
-            return _measure.report_time(adapter, self.device, samples)
-
-        self.checks["report"] = self._each_timer("report", one)
-
-    def check_resolution(self) -> None:
-        """Added time per region with the deferred resolution counted: N regions on the launch
-        workload, synchronize, one summary(); against the unwrapped loop of the same rep."""
-        n = self.args.resolution_regions or (480 if self.args.smoke else 20_000)
-        reps = 2 if self.args.smoke else 4
-        log(f"resolution: {n:,} regions on the launch workload, then summary(), {reps} reps")
-        wl = _workloads.build("launch", self.device, self.args.smoke)
-        wl.regions_per_iter = _measure.count_regions(wl)
-        for _ in range(2):
-            wl.step()
-        _measure.sync()
-        adapters: dict[str, TimerAdapter] = {}
-        skipped: dict[str, str] = {}
-        for key in RESOLUTION_KEYS:
-            if key not in self.args.timer_list:
-                continue
-            if key in self.skips:
-                skipped[key] = self.skips[key]
-                continue
-            try:
-                adapters[key] = self.build_adapter(BY_KEY[key])
-            except _timers.SkipTimer as exc:
-                skipped[key] = str(exc)
-        try:
-            result = _measure.resolution_cost(wl, adapters, n, reps, log)
-        finally:
-            for adapter in adapters.values():
-                adapter.close()
-        result["skipped"] = skipped
-        self.checks["resolution"] = result
-
-    def check_accuracy(self) -> None:
-        if not self.cuda:
-            self.checks["accuracy"] = {"skipped": "needs CUDA"}
-            return
-        regions, matmuls = (2, 5) if self.args.smoke else (6, 60)
-        log(f"accuracy: {regions} regions of {matmuls} bf16 4096^3 matmuls vs CUPTI")
-        try:
-            self.checks["accuracy"] = _measure.accuracy_vs_cupti(regions, matmuls, log)
-        except Exception as exc:
-            self.checks["accuracy"] = {"error": error_text(exc)}
-            log(f"  accuracy: error: {error_text(exc)}")
-
-    def run(self) -> str:
-        log(
-            f"device {self.device} ({self.meta['device_name']}), torch {torch.__version__}, "
-            + (f"child process for {self.child}, " if self.child else "")
-            + f"timers: {', '.join(s.key for s in self.specs)}"
-        )
-        self.prepare()
-        self.workloads()
-        if self.child is None:
-            self.separate_processes()
-        steps = {
-            "syncs": self.check_syncs,
-            "memory": self.check_memory,
-            "report": self.check_report,
-            "accuracy": self.check_accuracy,
-            "resolution": self.check_resolution,
-        }
-        gc.collect()
-        gc.freeze()  # per-timer gc.collect() calls below then cost microseconds, not ~0.1 s
-        # Memory last: the competitors that hold every sample are the likeliest to fail.
-        for check in ("syncs", "resolution", "accuracy", "report", "memory"):
-            if check not in self.args.check_list:
-                continue
-            if self.child is not None and self.child in self.skips:
-                continue
-            if self._over_time():
-                self.checks[check] = {"skipped": "time limit reached (--time-limit-s)"}
-                self.notes.append(f"check {check} skipped: time limit reached")
-                continue
-            try:
-                steps[check]()
-            except Exception as exc:
-                self.checks[check] = {"error": error_text(exc)}
-                log(f"{check}: error: {error_text(exc)}")
-            self.write()
-        gc.unfreeze()
-        if self.child is not None:
-            return self.write()
-        from _chart import plot
-
-        why = plot(self.runs, self.args.out / "overhead.png", self.separate)
-        if why is not None:
-            self.notes.append(f"no chart: {why}")
-        return self.write()
-
-
-def _brief(d: dict[str, Any]) -> str:
-    keys = (
-        "syncs_per_region",
-        "queries_per_region",
-        "records_per_region",
-        "regions",
-        "bytes_per_region",
-        "growth_mb",
-        "seconds",
-    )
-    parts = []
-    for k in keys:
-        if k in d:
-            v = d[k]
-            parts.append(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}")
-    return " ".join(parts)
-
-
 def main(argv: list[str] | None = None) -> int:
-    if str(ROOT) not in sys.path:
-        sys.path.insert(1, str(ROOT))  # the cudatimer in this checkout, without installing it
-    # kineto reads this when a profiler session stops: 1 detaches CUPTI (cuptiFinalize), so a
-    # stopped torch.profiler leaves no callbacks slowing the timers measured after it. No CUDA
-    # graphs here (the case that crashed teardown before CUDA 12.6). An explicit value wins.
-    os.environ.setdefault("TEARDOWN_CUPTI", "1")
     args = parse_args(argv)
     if args.list:
-        for name in _workloads.WORKLOADS:
-            print(f"workload {name:10s} {_workloads.DESCRIPTIONS[name]}")
-        for spec in TIMERS:
-            flag = "" if spec.default else " (not in the default set)"
-            print(f"timer    {spec.key:18s} {spec.description}{flag}")
+        print_list()
         return 0
-    suite = Suite(args)
-    md = suite.run()
-    if suite.child is not None:
-        log(f"wrote {suite.child_json()}")
+    machine = _machine(args.smoke)
+    date = datetime.date.today().isoformat()
+    commit = _commit()  # before the run's folder exists: a run inside results/ is no change
+    if args.out is not None:
+        out: Path = args.out
+    elif args.smoke and args.dry_run:
+        out = Path(tempfile.gettempdir()) / "cudatimer-smoke-XXXX"
+    elif args.smoke:  # smoke sizes give no figures: nothing for results/
+        out = Path(tempfile.mkdtemp(prefix="cudatimer-smoke-"))
+    else:
+        out = next_run_dir(RESULTS, date, device_slug(machine))
+    plan = []
+    for suite in args.chosen:
+        why = missing(suite.smoke_needs if args.smoke else suite.needs, machine)
+        plan.append((suite, why))
+    if args.dry_run:
+        for suite, why in plan:
+            if why is not None:
+                print(f"# {suite.name}: skipped, {why}")
+                continue
+            env = "".join(f"{k}={v} " for k, v in (suite.smoke_env if args.smoke else ()))
+            for cmd in suite.smoke if args.smoke else suite.full:
+                argv = expand(cmd, out, Path(tempfile.gettempdir()) / f"{suite.name}-XXXX")
+                print(env + shlex.join(argv).replace(sys.executable, "python3"))
         return 0
-    print()
-    print(md)
-    log(f"wrote {args.out / 'results.md'}, results.json, overhead.png")
-    return 0
+    out.mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = {"date": date, **machine, **commit, "suites": {}, "files": {}}
+    path = out / "run.json"
+    failed = []
+    for suite, why in plan:
+        if why is not None:
+            record["suites"][suite.name] = {"skipped": why}
+            print(f"[{suite.name}] skipped: {why}", flush=True)
+            continue
+        print(f"[{suite.name}] running, output in {out / (suite.name + '.txt')}", flush=True)
+        ok = run_suite(suite, out, args.smoke, record)
+        entry = record["suites"][suite.name]
+        print(f"[{suite.name}] {'ok' if ok else 'FAILED'} in {entry['seconds']} s", flush=True)
+        if not ok:
+            failed.append(suite.name)
+            tail = (out / f"{suite.name}.txt").read_text()[-3000:]
+            print(tail, file=sys.stderr)
+        path.write_text(json.dumps(record, indent=1) + "\n")  # a crash keeps what was done
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {out}" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

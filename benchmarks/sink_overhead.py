@@ -1,6 +1,6 @@
 """What per-step sinks (``cudatimer.StepFeed``) add to a GPT-2 small training step.
 
-The GPT-2 small workload of ``run.py`` (12 x 768, seq 1024, batch 16, bf16 autocast, fused
+The GPT-2 small workload of ``compare.py`` (12 x 768, seq 1024, batch 16, bf16 autocast, fused
 AdamW; a cudatimer region around every module's forward) runs in one process as variants
 interleaved round by round (A B C, B C A, ...), each block ending in one synchronize:
 
@@ -12,8 +12,8 @@ interleaved round by round (A B C, B C A, ...), each block ending in one synchro
 Then each variant's steps run under torch.profiler and its synchronizing CUDA runtime calls
 are counted: a sink must add none. The goal: ratios <= 1.01 and no added sync. Usage::
 
-    python benchmarks/sink_overhead.py --out results/sinks.json      # H200: about a minute
-    python benchmarks/sink_overhead.py --smoke                       # CPU: seconds
+    python benchmarks/sink_overhead.py --out sinks.json      # H200: about a minute
+    python benchmarks/sink_overhead.py --smoke               # CPU: seconds
 """
 
 from __future__ import annotations

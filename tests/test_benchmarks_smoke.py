@@ -1,9 +1,12 @@
-"""The benchmark suite's smoke mode runs end to end and writes well-formed outputs."""
+"""The benchmarks: the runner and its suites, the comparison suite's smoke mode end to end, the
+standing scripts at smoke size, and the shape of RESULTS.md and results/."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +16,9 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN = ROOT / "benchmarks" / "run.py"
+BENCH = ROOT / "benchmarks"
+COMPARE = BENCH / "compare.py"  # the comparison with other timers
+RUNNER = BENCH / "run.py"
 WORKLOADS = ("launch", "compute", "gpt2")  # resnet50 needs torchvision: may be skipped
 TIMERS = (
     "none",
@@ -69,7 +74,7 @@ def _table(md: str, first_header: str, second: str = "") -> tuple[list[str], lis
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("bench")
     proc = subprocess.run(
-        [sys.executable, str(RUN), "--smoke", "--out", str(out)],
+        [sys.executable, str(COMPARE), "--smoke", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=240,
@@ -79,7 +84,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_smoke_run_succeeds(smoke: dict[str, Any]) -> None:
-    """`run.py --smoke` exits 0 and prints the table."""
+    """`compare.py --smoke` exits 0 and prints the table."""
     proc = smoke["proc"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "| workload " in proc.stdout
@@ -184,11 +189,11 @@ def test_same_recorder_cells_are_short(smoke: dict[str, Any]) -> None:
 
 
 def test_child_mode_writes_its_json() -> None:
-    """`run.py --child proton` runs as the separate process and writes proton_process.json."""
+    """`compare.py --child proton` runs as the separate process and writes proton_process.json."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as out:
-        argv = [sys.executable, str(RUN), "--child", "proton", "--smoke", "--device", "cpu"]
+        argv = [sys.executable, str(COMPARE), "--child", "proton", "--smoke", "--device", "cpu"]
         proc = subprocess.run(
             [*argv, "--workloads", "launch", "--out", out],
             capture_output=True,
@@ -297,7 +302,7 @@ def test_resolution_stats_count_the_summary() -> None:
 def test_unknown_timer_is_rejected() -> None:
     """An unknown --timers name is a usage error, not a silent skip."""
     proc = subprocess.run(
-        [sys.executable, str(RUN), "--smoke", "--timers", "nope", "--out", "unused"],
+        [sys.executable, str(COMPARE), "--smoke", "--timers", "nope", "--out", "unused"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -408,7 +413,8 @@ def test_backward_cost_reports_host_cost_per_module() -> None:
 
 
 def test_compile_targets_runs_on_the_cpu(tmp_path: Path) -> None:
-    """compile_targets.py --smoke compiles a tiny GPT-2 twice and times every module."""
+    """compile_targets.py --smoke compiles a tiny GPT-2 three ways, times every module, and
+    gives one region's cost inside compiled code."""
     script = ROOT / "benchmarks" / "compile_targets.py"
     path = tmp_path / "compile.json"
     out = subprocess.run(
@@ -431,7 +437,12 @@ def test_compile_targets_runs_on_the_cpu(tmp_path: Path) -> None:
     got = json.loads(path.read_text())
     assert got["modules"] > 0 and got["regions_with_gpu_time"] == got["modules"]
     assert got["calls_per_module"] == [2]
-    assert got["ratio"] > 0 and got["compiled_region_us"] > 0
+    assert got["ratio"] > 0
+    # The per-region slope: differences of timings (finite, any sign on a loaded CPU), beside
+    # direct timings of the marks' ops and the eager region (each a positive time).
+    assert all(math.isfinite(got[k]) for k in ("compiled_region_us", "decorated_region_us"))
+    pairs = ("op_pair_with_dep_us", "op_pair_no_dep_us", "op_pair_dep_list_us", "eager_region_us")
+    assert all(got[k] > 0 for k in pairs)
     assert got["backward_rows"] > 0 and got["backward_calls_per_row"] == [2]
     assert got["backward_ratio"] > 0 and got["compile_s_backward"] > 0
 
@@ -447,29 +458,6 @@ def test_html_report_benchmark_runs_small() -> None:
     first = out.stdout.splitlines()[0]
     assert first.startswith("html report: 12 regions, 30 steps (360 step rows"), first
     assert " MB in " in first and out.stdout.splitlines()[1] == "targets met"
-
-
-def test_compile_direct_ab_runs_on_the_cpu(tmp_path: Path) -> None:
-    """compile_direct_ab.py --smoke compiles a tiny GPT-2 three ways and gives both ratios,
-    leaving the marks' lowering in place afterwards."""
-    path = tmp_path / "ab.json"
-    script = ROOT / "benchmarks" / "compile_direct_ab.py"
-    cmd = [sys.executable, str(script), "--smoke", "--rounds", "2", "--steps", "1"]
-    out = subprocess.run([*cmd, "--json", str(path)], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr
-    got = json.loads(path.read_text())
-    assert set(got) >= {"direct_ratio", "dispatcher_ratio", "direct_vs_dispatcher"}
-    assert len(got["direct_vs_dispatcher_per_round"]) == 2
-    assert all(got[f"compile_s_{n}"] > 0 for n in ("plain", "direct", "dispatcher"))
-
-
-def test_compile_phases_says_it_needs_cuda() -> None:
-    """compile_phases.py on a machine without CUDA exits 2 and says why."""
-    if torch.cuda.is_available():
-        pytest.skip("CUDA is here: the script would run for real")
-    script = ROOT / "benchmarks" / "compile_phases.py"
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "needs CUDA" in out.stderr
 
 
 def test_floors_runs_on_the_cpu_and_leaves_the_marks_and_hooks_as_they_were(
@@ -497,3 +485,154 @@ def test_floors_runs_on_the_cpu_and_leaves_the_marks_and_hooks_as_they_were(
         "backward_calls",
     }
     assert all(len(v) == 2 for v in got["backward"]["ratios"].values())
+
+
+def test_eager_targets_runs_on_the_cpu(tmp_path: Path) -> None:
+    """eager_targets.py --smoke measures the launch loop, the decode, memory and the Python
+    core's process, and writes eager_targets.json."""
+    cmd = [sys.executable, str(BENCH / "eager_targets.py"), "--smoke", "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads((tmp_path / "eager_targets.json").read_text())
+    # Three rounds of one iteration on a shared CPU: a paired difference of any sign.
+    assert [set(r) for r in got["launch"]["runs"]] == [{"cudatimer"}]
+    assert math.isfinite(got["launch"]["cudatimer_us"]) and got["pure"]["compiled"] is False
+    assert got["decode"]["regions_recorded"] == got["decode"]["modules"] > 0
+    assert got["memory"]["calls"] == got["memory"]["regions"] * 11 // 10  # warm-up + measured
+
+
+# -- the runner ------------------------------------------------------------------------------
+def _runner(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(RUNNER), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def test_runner_lists_every_suite_with_scripts_that_exist() -> None:
+    """run.py --list names every suite and its commands; each command's script exists."""
+    runner = _bench("run")
+    listed = _runner("--list")
+    assert listed.returncode == 0, listed.stderr
+    for suite in runner.SUITES:
+        assert re.search(rf"^{suite.name}\s+{suite.area}\s+needs:", listed.stdout, re.M), suite
+        assert suite.scripts(), f"{suite.name} runs no benchmark script"
+        for script in suite.scripts():
+            assert (ROOT / script).is_file(), f"{suite.name}: {script} is missing"
+        assert set(suite.needs) | set(suite.smoke_needs) <= set(runner.NEEDS)
+    assert len({s.name for s in runner.SUITES}) == len(runner.SUITES)
+
+
+def test_runner_rejects_an_unknown_suite() -> None:
+    """An unknown suite name is a usage error that lists the known ones."""
+    done = _runner("hotpath", "nope", "--dry-run")
+    assert done.returncode == 2
+    assert "unknown suite: nope" in done.stderr and "hotpath" in done.stderr
+
+
+def test_runner_dry_run_prints_commands_and_skips_what_the_machine_lacks(tmp_path: Path) -> None:
+    """--dry-run prints each runnable suite's commands into the run's folder and, without CUDA,
+    marks the suites that need it as skipped, running nothing."""
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here: no suite is skipped for the lack of it")
+    done = _runner("all", "--smoke", "--dry-run", "--out", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "# graphs: skipped, needs CUDA (this machine has no GPU)" in lines
+    assert "# syncs: skipped, needs CUDA (this machine has no GPU)" in lines
+    assert f"python3 benchmarks/floors.py --smoke --json {tmp_path}/run/floors.json" in lines
+    assert "CUDATIMER_BENCH_N=2000 python3 benchmarks/disabled_cost.py" in lines
+    assert not (tmp_path / "run").exists()
+
+
+def test_runner_records_a_run(tmp_path: Path) -> None:
+    """A run writes each suite's output and a run.json: date, device, torch, commit, and per
+    suite its commands with their exit status and the files it wrote."""
+    out = tmp_path / "run"
+    done = _runner("disabled", "html", "--smoke", "--out", str(out), timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    record = json.loads((out / "run.json").read_text())
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", record["date"])
+    assert record["torch"] == torch.__version__ and record["device"] and record["smoke"] is True
+    assert set(record["suites"]) == {"disabled", "html"}
+    for name, entry in record["suites"].items():
+        assert [c["rc"] for c in entry["commands"]] == [0], entry
+        assert f"{name}.txt" in entry["files"] and record["files"][f"{name}.txt"].startswith(name)
+    assert "CUDATIMER_DISABLE=1" in (out / "disabled.txt").read_text()
+    assert "targets met" in (out / "html.txt").read_text()
+
+
+def test_runner_names_one_folder_per_run(tmp_path: Path) -> None:
+    """The day's first run on a device gets <date>-<device>, later ones -2, -3; the device is
+    the GPU's name without its vendor, with the count past one, or cpu."""
+    runner = _bench("run")
+    assert runner.next_run_dir(tmp_path, "2026-12-03", "h200") == tmp_path / "2026-12-03-h200"
+    (tmp_path / "2026-12-03-h200").mkdir()
+    assert runner.next_run_dir(tmp_path, "2026-12-03", "h200").name == "2026-12-03-h200-2"
+    (tmp_path / "2026-12-03-h200-2").mkdir()
+    assert runner.next_run_dir(tmp_path, "2026-12-03", "h200").name == "2026-12-03-h200-3"
+    assert runner.next_run_dir(tmp_path, "2026-12-03", "cpu").name == "2026-12-03-cpu"
+    assert runner.device_slug({"gpus": 1, "device": "NVIDIA H200"}) == "h200"
+    assert runner.device_slug({"gpus": 2, "device": "NVIDIA H200"}) == "h200x2"
+    assert runner.device_slug({"gpus": 0, "device": "cpu (x86_64)"}) == "cpu"
+    for name in ("2026-12-03-h200", "2026-12-03-h200-3", "2026-12-03-cpu"):
+        assert runner.RUN_DIR.match(name)
+
+
+# -- RESULTS.md and results/ -----------------------------------------------------------------
+RESULTS_MD = BENCH / "RESULTS.md"
+MEASURED = re.compile(
+    r"^Measured: (\d{4}-\d{2}-\d{2}), (?:2 x )?(NVIDIA H200|CPU machine)\b.*?\btorch \d+\.\d+", re.S
+)
+
+
+def test_results_md_is_short_and_every_section_is_dated() -> None:
+    """RESULTS.md is at most 300 lines, and each section opens with its date, device and torch."""
+    text = RESULTS_MD.read_text()
+    assert len(text.splitlines()) <= 300
+    sections = re.split(r"^## ", text, flags=re.M)[1:]
+    assert len(sections) >= 8
+    for section in sections:
+        title, _, body = section.partition("\n")
+        first = body.strip().split("\n\n")[0]
+        assert MEASURED.match(first), f"section {title!r} opens without date, device and torch"
+
+
+def test_benchmark_scripts_named_in_the_docs_exist() -> None:
+    """Every benchmark script the README, docs/ and RESULTS.md name exists (RESULTS.md names
+    scripts by their file name too), and every raw file RESULTS.md cites is in results/."""
+    named: set[str] = set()
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), RESULTS_MD]:
+        named |= set(re.findall(r"\bbenchmarks/[\w/.-]*?\.(?:py|sh)\b", path.read_text()))
+    text = RESULTS_MD.read_text()
+    bare = set(re.findall(r"(?<![\w/.-])([a-z_]+\.(?:py|sh))\b", text))
+    named |= {f"benchmarks/{name}" for name in bare}
+    assert {"benchmarks/hotpath.py", "benchmarks/floors.py", "benchmarks/run.py"} <= named
+    missing = sorted(n for n in named if not (ROOT / n).is_file())
+    assert not missing, f"named but missing: {missing}"
+    cited = re.findall(r"\b(\d{4}-\d{2}-\d{2}-[a-z0-9]+(?:-\d+)?/[\w./-]*\w)", text)
+    cited += re.findall(r"`(\d{4}-\d{2}-\d{2}-[a-z0-9]+(?:-\d+)?)[`/]", text)  # whole runs
+    assert len(cited) >= 10
+    gone = sorted(c for c in cited if not (BENCH / "results" / c).exists())
+    assert not gone, f"RESULTS.md cites raw files that are not in results/: {gone}"
+
+
+def test_results_hold_one_dated_folder_per_run() -> None:
+    """results/ holds only run folders named <date>-<device>[-N], each with a run.json whose
+    date, device and torch match it and which says what made every file in the folder."""
+    runner = _bench("run")
+    runs = sorted((BENCH / "results").iterdir())
+    assert runs
+    for run in runs:
+        m = runner.RUN_DIR.match(run.name)
+        assert run.is_dir() and m, f"results/{run.name} is not a dated run folder"
+        record = json.loads((run / "run.json").read_text())
+        assert record["date"] == m.group(1) and record["torch"], run.name
+        assert runner.device_slug(record) == m.group(2), run.name
+        files = {str(p.relative_to(run)) for p in run.rglob("*") if p.is_file()} - {"run.json"}
+        assert files and files <= set(record["files"]), (
+            f"{run.name}: {files - set(record['files'])}"
+        )

@@ -1,5 +1,5 @@
 """The integration benchmarks run on CPU in smoke mode: the Lightning profiler rows of
-run.py next to SimpleProfiler and PyTorchProfiler, and the per-step sink benchmark."""
+compare.py next to SimpleProfiler and PyTorchProfiler, and the per-step sink benchmark."""
 
 from __future__ import annotations
 
@@ -15,10 +15,16 @@ LIGHTNING_TIMERS = ("lightning-simple", "lightning-pytorch", "lightning-cudatime
 
 
 def test_lightning_profilers_are_measured_side_by_side(tmp_path: Path) -> None:
-    """run.py --timers ...lightning... gives an ok row per profiler and workload."""
+    """compare.py --timers ...lightning... gives an ok row per profiler and workload."""
     pytest.importorskip("lightning")
     timers = ",".join(("none", "cudatimer", *LIGHTNING_TIMERS))
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "compare.py"),
+        "--smoke",
+        "--out",
+        str(tmp_path),
+    ]
     cmd += ["--workloads", "launch,gpt2", "--timers", timers, "--checks", "none"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""The recorder redesign's targets, measured side by side in one run (ratios, never absolutes).
+"""Regions in eager code: the cost targets, measured side by side in one run (ratios only).
 
 1. Launch-bound loop (48 x Linear(256)+GELU, batch 32, fp32): what cudatimer adds per region
    against two floors, each measured in the same rounds: two pre-created timing ``torch.Event``
@@ -9,16 +9,18 @@
 2. Launch-bound one-token decode of a 12-layer GPT-2 (the benchmark's own GPT, seq 1, no
    grad): every module instrumented (``instrument(model)``) against the plain decode, and
    instrument's per-module cost against a hand-written ``with region:`` around each module's
-   forward (the same modules, the same Timer settings).
+   forward (the same modules, the same Timer settings); beside them the floors of a per-module
+   wrapper: doing nothing, two ``torch.Event`` records, two records as cudatimer makes them.
 3. 10^6 regions with no report: resident memory growth.
 4. The pure-Python core against the C core per region: this script again, in a process with
    CUDATIMER_PURE_PYTHON=1, measuring its own loop (its own unwrapped rounds and floor).
-5. The recorder before the redesign (``--before DIR``: a copy of that commit's ``cudatimer``
-   package, its extension built), in a process of its own, against its own floor: the same
-   loop and method, so "did the redesign move the figure" is answered in one run.
+5. Another copy of the package (``--before DIR``: a checkout holding its ``cudatimer``
+   folder, the extension built), in a process of its own, against its own floor: the same loop and
+   method, so "did this change move the figure" is answered in one run.
 
-    python3 benchmarks/recorder_targets.py --out DIR            # on the GPU machine
-    python3 benchmarks/recorder_targets.py --smoke --out DIR    # a quick run (CPU too)
+    python3 benchmarks/eager_targets.py --out DIR                  # on a GPU: eager_targets.json
+    python3 benchmarks/eager_targets.py --parts decode --rounds 200 --out DIR
+    python3 benchmarks/eager_targets.py --smoke --out DIR          # a quick run (CPU too)
 """
 
 from __future__ import annotations
@@ -398,7 +400,9 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=4)
     p.add_argument("--decode-iters", type=int, default=8)
     p.add_argument("--smoke", action="store_true", help="tiny sizes: checks that it runs")
-    p.add_argument("--before", type=Path, help="a copy of the package before the redesign")
+    p.add_argument(
+        "--before", type=Path, help="a checkout of another version, measured in its own process"
+    )
     p.add_argument(
         "--parts", default=",".join(PARTS), help=f"comma-separated, of: {', '.join(PARTS)}"
     )
@@ -430,7 +434,7 @@ def main() -> None:
     if args.before is not None:
         result["before"] = run_child(args, {"CUDATIMER_TREE": str(args.before.resolve())})
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "recorder_targets.json").write_text(json.dumps(result, indent=1))
+    (args.out / "eager_targets.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
 
 
