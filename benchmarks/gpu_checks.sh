@@ -14,9 +14,9 @@ step() { echo; echo "=== $* ==="; }
   # chosen at import, by CUDATIMER_PURE_PYTHON).
   step "pytest gpu (core: C where built)"
   python3 -c "import cudatimer; print('compiled', cudatimer.compiled())"
-  python3 -m pytest -q -p no:cacheprovider -rs -m "gpu and not multigpu" tests/gpu tests/test_compile.py 2>&1 | tail -60
+  python3 -m pytest -q -p no:cacheprovider -rs -m "gpu and not multigpu" tests 2>&1 | tail -60
   step "pytest gpu (core: pure Python)"
-  CUDATIMER_PURE_PYTHON=1 python3 -m pytest -q -p no:cacheprovider -rs -m "gpu and not multigpu" tests/gpu tests/test_compile.py 2>&1 | tail -60
+  CUDATIMER_PURE_PYTHON=1 python3 -m pytest -q -p no:cacheprovider -rs -m "gpu and not multigpu" tests 2>&1 | tail -60
   step "hot path"
   python3 benchmarks/hotpath.py --rounds 21 --iters 20
   step "quickstart"

@@ -12,7 +12,7 @@ import torch
 import cudatimer
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # lets tests import tests.nvtx_harness and benchmarks helpers
+if str(ROOT) not in sys.path:  # lets tests import tests.helpers.nvtx_harness and benchmarks helpers
     sys.path.insert(0, str(ROOT))
 
 
