@@ -1,4 +1,4 @@
-"""Backward rows inside torch.compile'd code (issue #21): instrument(model, backward=True) then
+"""Backward rows inside torch.compile'd code: instrument(model, backward=True) then
 torch.compile gives eager mode's backward rows (names, nesting, counts) on the "aot_eager" and
 "inductor" backends, fullgraph=True or False, static and dynamic shapes, with bitwise
 unchanged gradients, no graph break and no extra recompile; where Inductor's code puts the

@@ -1,4 +1,4 @@
-"""Backward rows (issue #21): instrument(model, backward=True) mirrors the forward tree under
+"""Backward rows: instrument(model, backward=True) mirrors the forward tree under
 <Model>.backward, the report's coverage figure, backward=True for any region, activation
 checkpointing, torch.autograd.grad, gradient accumulation, unchanged gradients, bad input.
 GPU times come from the fake GPU (tests/helpers/fake_cuda.py); the real one is in tests/gpu/."""

@@ -1,4 +1,4 @@
-"""Backward rows on a CUDA device (issue #21): a training step with
+"""Backward rows on a CUDA device: a training step with
 instrument(model, backward=True) adds no host-device synchronisation, its rows are timed on the
 GPU with a coverage figure, and the gradients are bitwise those of the plain step."""
 

@@ -1,4 +1,4 @@
-"""Reports, windows and exports on a CUDA device (issue 5): the trace's GPU timeline, the
+"""Reports, windows and exports on a CUDA device: the trace's GPU timeline, the
 host-bound flag, per-step GPU series, and saved runs through the CLI."""
 
 from __future__ import annotations
