@@ -33,6 +33,7 @@ from ..recorder._recorder import Recorder
 from ..records._ranks import RankSummary
 from ..records._records import StepStats, Summary
 from ..sources import _backward, _compile
+from ._machine import machine_meta
 from ._nvtx import Domain, resolve_color
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -693,6 +694,7 @@ class Timer:
         meta: tuple[tuple[str, str], ...] = (
             ("timer", self.name),
             ("torch", str(torch.__version__)),
+            *machine_meta(),
         )
         left_out = _compile.left_out(self.compile_key)
         if left_out:
@@ -918,16 +920,20 @@ class Timer:
         base: Summary | None = None,
         top: int = 8,
         title: str | None = None,
-        stat: str = "mean",
+        stat: str | None = None,
         tolerance: float = 0.02,
         timeout_s: float = 60.0,
+        max_slowdown: float | None = None,
+        confidence: float = 0.95,
+        allow_other_device: bool = False,
         **window: Any,
     ) -> None:
         """Write one self-contained HTML page (no network needed to open it) of this Timer's
         results, or of ``summary`` (a Summary, or a cross-rank ``RankSummary``): the region
         tree with GPU and CPU time side by side, sortable and collapsible, the per-step time
         of the ``top`` regions, the sync sites. ``base``: compare with that run first (as
-        ``cudatimer compare BASE NEW``, by ``stat``). ``window``: last/steps/warmup.
+        ``cudatimer compare BASE NEW``, by ``stat``; with ``max_slowdown``, the gate's verdicts
+        of ``cudatimer.compare``). ``window``: last/steps/warmup.
 
         >>> import cudatimer, io
         >>> t = cudatimer.Timer(name="page")
@@ -952,7 +958,18 @@ class Timer:
             run = self._windowed("html", timeout_s, window, step_stats=True)
         else:
             run = self._resolved(summary, timeout_s, window, step_stats=True)
-        write_html(run, path, base=base, top=top, title=title, stat=stat, tolerance=tolerance)
+        write_html(
+            run,
+            path,
+            base=base,
+            top=top,
+            title=title,
+            stat=stat,
+            tolerance=tolerance,
+            max_slowdown=max_slowdown,
+            confidence=confidence,
+            allow_other_device=allow_other_device,
+        )
 
 
 #: Every live Timer (sync detection, the report at exit and fork handling look them up).
