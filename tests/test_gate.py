@@ -53,7 +53,7 @@ def run(
     )
 
 
-def lognormal(seed: int, n: int = 50, ms: float = 5.0, sigma: float = 0.05) -> list[float]:
+def lognormal(seed: int, n: int = 50, ms: float = 5.0, sigma: float = 0.02) -> list[float]:
     rng = random.Random(seed)
     return [ms * rng.lognormvariate(0.0, sigma) for _ in range(n)]
 
