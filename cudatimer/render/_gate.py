@@ -198,14 +198,14 @@ class _Samples:
 
 
 def _run_samples(summary: Summary) -> dict[tuple[str, str], _Samples]:
-    windowed = "window" in dict(summary.meta)
+    # A whole-run summary's step ``steps`` is the one in progress when it was taken.
+    limit = math.inf if "window" in dict(summary.meta) else summary.steps
     steps: dict[tuple[str, str], list[float]] = {}
+    series = steps.setdefault
     for s in summary.step_stats:
-        # A whole-run summary's step ``steps`` is the one in progress when it was taken.
-        if not windowed and s.step >= summary.steps:
-            continue
-        value = s.gpu_ms if s.gpu_ms is not None else s.cpu_ms
-        steps.setdefault((s.name, s.clock), []).append(value)
+        if s.step < limit:
+            gpu_ms = s.gpu_ms
+            series((s.name, s.clock), []).append(s.cpu_ms if gpu_ms is None else gpu_ms)
     out = {}
     for r in summary.regions:
         hist = r.gpu if r.gpu is not None and r.gpu.count else r.cpu
@@ -248,11 +248,11 @@ def _batch_factor(logs: Sequence[float]) -> float:
         math.fsum(logs[start + i * size : start + (i + 1) * size]) / size for i in range(batches)
     ]
     mean_all = math.fsum(logs) / n
-    var_all = math.fsum((x - mean_all) ** 2 for x in logs) / (n - 1)
+    var_all = math.fsum([(x - mean_all) ** 2 for x in logs]) / (n - 1)
     if var_all <= 0.0:
         return 1.0
     centre = math.fsum(means) / batches
-    var_means = math.fsum((m - centre) ** 2 for m in means) / (batches - 1)
+    var_means = math.fsum([(m - centre) ** 2 for m in means]) / (batches - 1)
     return max(1.0, size * var_means / var_all)
 
 
@@ -274,14 +274,12 @@ def _from_steps(values: Sequence[float], stat: str) -> _Estimate | None:
     n = len(values)
     if n < MIN_SAMPLES:
         return None
-    logs = [math.log(v) if v > 0.0 else -math.inf for v in values]
-    finite = all(math.isfinite(x) for x in logs)
-    factor = _batch_factor(logs) if finite else 1.0
+    factor = _batch_factor(list(map(math.log, values))) if min(values) > 0.0 else 1.0
     if stat in ("mean", "per_step"):
         value = math.fsum(values) / n
         if value <= 0.0:
             return _Estimate(value, math.inf, n)
-        var = math.fsum((v - value) ** 2 for v in values) / (n - 1)
+        var = math.fsum([(v - value) ** 2 for v in values]) / (n - 1)
         log_var = var / (n * value * value)
     else:
         ranks = _ranks(n, _q(stat))
@@ -416,13 +414,12 @@ def _pooled(
     """The pooled statistic of one side, its within-run variance, and each run's estimate."""
     if kind == "steps":
         runs = [_from_steps(p.steps, stat) for p in parts]
-        pooled = _from_steps([v for p in parts for v in p.steps], stat)
+        pooled = (
+            runs[0] if len(parts) == 1 else _from_steps([v for p in parts for v in p.steps], stat)
+        )
     else:
         runs = [_from_calls(p.calls, stat) for p in parts]
-        merged = parts[0].calls
-        for p in parts[1:]:
-            merged = merged.merge(p.calls)
-        pooled = _from_calls(merged, stat)
+        pooled = runs[0] if len(parts) == 1 else _from_calls(_merged(parts), stat)
     if pooled is None:
         return None
     total = sum(r.n for r in runs if r is not None)
@@ -476,7 +473,7 @@ def _merged(parts: Sequence[_Samples]) -> Histogram:
 def _point(parts: Sequence[_Samples], stat: str, kind: str) -> float:
     """The statistic of one side, shown whether or not it can be tested (NaN: none)."""
     if kind == "steps":
-        values = sorted(v for p in parts for v in p.steps)
+        values = sorted([v for p in parts for v in p.steps])
         if stat in ("mean", "per_step"):
             return math.fsum(values) / len(values)
         return _interp(values, _q(stat))
@@ -653,12 +650,15 @@ def compare_sides(
     kept: list[tuple[Key, int, int, float, float, _Test | str | None]] = []
     for key, b, n in rows:
         kind = _kind(*(side for side in (b, n) if side))
-        base_ms = _point(b, stat, kind) if b else math.nan
-        new_ms = _point(n, stat, kind) if n else math.nan
+        test = _test(b, n, stat, kind) if b and n else None
+        if isinstance(test, _Test):  # the same numbers the test read
+            base_ms, new_ms = test.base.value_ms, test.new.value_ms
+        else:
+            base_ms = _point(b, stat, kind) if b else math.nan
+            new_ms = _point(n, stat, kind) if n else math.nan
         if min_ms and not (base_ms >= min_ms or new_ms >= min_ms):  # NaN compares False
             ignored += 1
             continue
-        test = _test(b, n, stat, kind) if b and n else None
         kept.append((key, len(b), len(n), base_ms, new_ms, test))
     tested = sum(1 for *_, t in kept if isinstance(t, _Test))
     alpha = (1.0 - confidence) / max(1, tested)
