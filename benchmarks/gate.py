@@ -11,7 +11,8 @@ base runs: earlier runs of the main branch), which measures the spread between r
   Python loop, a 256x256 matmul on one thread, SHA-256 of 1 MB, a sort, JSON, allocations,
   a 4 ms sleep with a little work, a Python loop of lognormal length), 50 steps a run after 3
   warm-up steps; the slowdown is that much more work in the region. Runs are forked from this
-  process (each its own process, without paying torch's import 160 times).
+  process (each its own process, without paying torch's import 160 times; ``--start spawn``
+  for fresh interpreters).
 - ``--device cuda``: 8 GPU regions of 20 bf16 4096^3 matmuls each (about 3.4 ms on an
   H200), 50 steps; the slowdown is 2 extra matmuls (10%) or 1 (5%). Runs are forked before
   this process touches CUDA, so each child initialises CUDA itself.
@@ -163,7 +164,7 @@ VARIANTS = ("aa", "slow10", "slow5")
 def collect(args: argparse.Namespace, folder: Path) -> list[dict[str, str]]:
     """Run every pair's base, A/A, 10% and 5% runs (in an order shuffled per pair, so that a
     drift of the machine favours no variant); the paths of each pair's runs."""
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context(args.start)
     rng = random.Random(args.seed)
     pairs = []
     t0 = time.perf_counter()
@@ -303,6 +304,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", type=float, default=1.0, help="CPU work per region (1: ~5 ms)")
     p.add_argument("--size", type=int, default=4096, help="GPU matmul size")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--start",
+        choices=("fork", "spawn", "forkserver"),
+        default="fork",
+        help="how each run's process starts (fork: no torch import per run; spawn: a fresh "
+        "interpreter, ~3 s more a run)",
+    )
     p.add_argument("--speed-steps", type=int, default=1000)
     p.add_argument("--speed-regions", type=int, default=200)
     p.add_argument("--out", type=Path, help="write every figure as JSON here")

@@ -313,7 +313,7 @@ def test_exit_codes(files: dict[str, str], capsys: pytest.CaptureFixture[str]) -
     assert main(["compare", files["base"], files["base"] + ".nope", *gate]) == 1
     assert main(["compare", files["base"], files["slow"]]) == 0  # no gate: a report
     out = capsys.readouterr().out
-    assert "cudatimer gate FAILED (max slowdown 5%): 1 slower, 1 same" in out
+    assert "cudatimer: gate FAILED (max slowdown 5%): 1 slower, 1 same" in out
 
 
 def test_the_table_in_every_format(
@@ -331,7 +331,7 @@ def test_the_table_in_every_format(
         assert "95% for all 2 tested together (Bonferroni)" in out, fmt
     main(["compare", files["base"], files["slow"], "--max-slowdown", "0.05", "--fmt", "github"])
     comment = capsys.readouterr().out
-    assert comment.startswith("**cudatimer gate FAILED") and "\n| b " in comment
+    assert comment.startswith("**cudatimer: gate FAILED") and "\n| b " in comment
     assert "\n- p50 of per-step sums" in comment
 
 
@@ -481,7 +481,8 @@ def test_the_fixture_end_to_end(tmp_path: Path) -> None:
     assert slowed.returncode == 1, slowed.stdout
     assert "1 failed, 1 passed" in slowed.stdout
     assert (
-        "cudatimer gate FAILED" in slowed.stdout and "--cudatimer-update-baselines" in slowed.stdout
+        "cudatimer: gate FAILED" in slowed.stdout
+        and "--cudatimer-update-baselines" in slowed.stdout
     )
     line = next(ln for ln in slowed.stdout.splitlines() if ln.startswith("attention"))
     assert "slower" in line

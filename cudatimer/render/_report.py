@@ -647,7 +647,7 @@ def gate_headline(c: Comparison) -> str:
     ]
     told = ", ".join(f"{n} {what}" for n, what in counts if n) or "no regions"
     state = "passed" if c.ok else "FAILED"
-    return f"cudatimer gate {state} (max slowdown {100 * c.max_slowdown:g}%): {told}"
+    return f"cudatimer: gate {state} (max slowdown {100 * c.max_slowdown:g}%): {told}"
 
 
 def gate_notes(c: Comparison) -> list[str]:
@@ -689,7 +689,7 @@ def render_gate(c: Comparison, *, fmt: str = "simple") -> str:
     >>> v = RegionVerdict("fwd", "host", "same", 2.0, 2.02, 1.01, 0.99, 1.03, "steps", 50, 50)
     >>> text = render_gate(Comparison((v,), stat="p50", max_slowdown=0.05), fmt="plain")
     >>> text.splitlines()[0]
-    'cudatimer gate passed (max slowdown 5%): 1 same'
+    'cudatimer: gate passed (max slowdown 5%): 1 same'
     """
     if not isinstance(c, Comparison):
         raise TypeError(f"comparison must be a cudatimer.Comparison, got {type(c).__name__}")

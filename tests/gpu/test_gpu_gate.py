@@ -38,6 +38,6 @@ def test_gpu_regions_gate_extra_matmuls(tmp_path: Path) -> None:
     assert [v.name for v in result.regressions] == ["attn"]
     attn = next(v for v in result.items if v.name == "attn")
     assert attn.clock.startswith("cuda:") and attn.samples == "steps" and attn.base_n == 30
-    assert attn.interval is not None and 1.3 < attn.interval[0] and attn.interval[1] < 1.7
+    assert attn.interval is not None and attn.interval[0] > 1.3 and attn.interval[1] < 1.7
     argv = ["compare", str(tmp_path / "base.json"), str(tmp_path / "new.json")]
     assert main([*argv, "--max-slowdown", "0.05"]) == EXIT_SLOWER
