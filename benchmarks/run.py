@@ -99,6 +99,14 @@ SUITES: tuple[Suite, ...] = (
         needs=("cuda",),
     ),
     Suite(
+        "gate",
+        "Q",
+        "the per-region performance gate: A/A false alarms and 5% / 10% slowdowns caught over "
+        "40 pairs of runs, and the comparison's own time",
+        full=("{py} benchmarks/gate.py --out {out}/gate_cpu.json",),
+        smoke=("{py} benchmarks/gate.py --smoke",),
+    ),
+    Suite(
         "compare",
         "E",
         "cudatimer against the timers in use today on four workloads, with the per-timer "

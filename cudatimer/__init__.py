@@ -25,6 +25,7 @@ from .features._graphs import timed_replay
 from .features._instrument import Instrumented, instrument
 from .features._nsight import nsight_capture
 from .features._syncs import SyncDetection, detect_syncs
+from .records._compare import Comparison, RegionVerdict
 from .records._hist import ALPHA, Histogram
 from .records._records import (
     SCHEMA_VERSION,
@@ -45,11 +46,13 @@ if TYPE_CHECKING:
 __all__ = [
     "ALPHA",
     "SCHEMA_VERSION",
+    "Comparison",
     "Coverage",
     "Histogram",
     "Instrumented",
     "Region",
     "RegionStats",
+    "RegionVerdict",
     "StepFeed",
     "StepStats",
     "StepTimes",
@@ -58,6 +61,8 @@ __all__ = [
     "SyncSite",
     "Timer",
     "TraceSample",
+    "compare",
+    "compare_report",
     "compiled",
     "cuda_region",
     "cuda_timed",
@@ -262,10 +267,67 @@ def html(
 
     ``summary`` may be a cross-rank ``RankSummary`` (``cudatimer.summary(all_ranks=True)``
     on rank 0): the page then leads with the cross-rank table. ``options``: ``stat`` and
-    ``tolerance`` of the comparison, ``last``/``steps``/``warmup``, ``timeout_s``; see
-    :meth:`Timer.html`.
+    ``tolerance`` of the comparison (or ``max_slowdown``, ``confidence`` and
+    ``allow_other_device``: the verdicts of :func:`compare`), ``last``/``steps``/``warmup``,
+    ``timeout_s``; see :meth:`Timer.html`.
     """
     _DEFAULT.html(path, summary=summary, base=base, top=top, title=title, **options)
+
+
+def compare(
+    base: Any,
+    new: Any,
+    *,
+    max_slowdown: float = 0.05,
+    stat: str = "p50",
+    confidence: float = 0.95,
+    match: str | None = None,
+    min_ms: float = 0.0,
+    fail_undecided: bool = False,
+    fail_missing: bool = False,
+    allow_other_device: bool = False,
+    labels: tuple[str, str] = ("base", "new"),
+) -> Comparison:
+    """The performance gate: per-region verdicts of ``new`` against ``base`` (docs/gate.md).
+
+    ``base`` and ``new``: a Summary, a path to a saved run, a folder of runs, or a list of
+    them (pooled: e.g. earlier runs of the main branch); folders of ``rank{N}.json`` files
+    compare rank by rank. A region is "slower" when ``new / base`` of its ``stat`` (p50, p90,
+    p99, mean or per_step) is significantly above 1 and its interval reaches past
+    ``1 + max_slowdown``; intervals hold at ``confidence`` for all regions together. Runs of
+    different devices are refused unless ``allow_other_device``.
+
+    >>> import cudatimer
+    >>> def run(ms):
+    ...     return cudatimer.Summary((cudatimer.RegionStats(
+    ...         "fwd", "host", 50, None, cudatimer.Histogram.of([ms] * 50)),))
+    >>> result = cudatimer.compare(run(2.0), run(2.5), max_slowdown=0.05)
+    >>> result.ok, [(v.name, v.verdict) for v in result.regressions]
+    (False, [('fwd', 'slower')])
+    """
+    from .render._gate import as_side, compare_sides
+
+    return compare_sides(
+        as_side(base),
+        as_side(new),
+        max_slowdown=max_slowdown,
+        stat=stat,
+        confidence=confidence,
+        match=match,
+        min_ms=min_ms,
+        fail_undecided=fail_undecided,
+        fail_missing=fail_missing,
+        allow_other_device=allow_other_device,
+        labels=labels,
+    )
+
+
+def compare_report(comparison: Comparison, *, fmt: str = "simple") -> str:
+    """The table of a :func:`compare` result: base, new, ratio, its interval and the verdict
+    per region, then the method's notes; ``fmt="github"`` makes a pull-request comment."""
+    from .render._report import render_gate
+
+    return render_gate(comparison, fmt=fmt)
 
 
 if _exit.ENABLED:

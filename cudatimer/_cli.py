@@ -2,6 +2,7 @@
 
     cudatimer show RUN.json [--view tree] [--sort mean] [--fmt github] [--match 'fwd*']
     cudatimer compare BASE.json NEW.json [--stat mean|total|per_step|p50|p90|p99|min|max]
+    cudatimer compare BASE... NEW --max-slowdown 0.05 [--fmt github] [--json verdict.json]
     cudatimer trace RUN.json -o trace.json     # open in https://ui.perfetto.dev
     cudatimer plot RUN.json -o report.png      # needs matplotlib
     cudatimer html RUN.json -o report.html     # one page, no network; html BASE.json NEW.json
@@ -15,7 +16,9 @@ as ``--columns speed`` or ``--last 5``: a saved run holds the window it was save
 141 (128 + SIGPIPE, what a shell reports for any tool that a closed pipe stopped) when
 standard output closes early, as in ``cudatimer show RUN.json | head -1``: the command then
 stops quietly, without a traceback. (``--help`` into a closed pipe exits 0: argparse ignores
-the failed write.)
+the failed write.) ``compare --max-slowdown`` (the performance gate) exits 3 when a region got
+significantly slower (or undecided / in one run only with ``--fail-undecided`` /
+``--fail-missing``).
 """
 
 from __future__ import annotations
@@ -30,12 +33,25 @@ from .records._ranks import RankSummary
 from .records._records import Summary
 from .regions._timer import core_line
 from .render._export import RANKS_FORMAT, WHATS, load, read_json, summary_from_dict, to_csv
-from .render._report import COLUMNS, COMPARE_STATS, SORTS, VIEWS, render, render_compare
+from .render._gate import DEFAULT_STAT, GATE_STATS, compare_sides, load_side, write_json
+from .render._report import (
+    COLUMNS,
+    COMPARE_STATS,
+    SORTS,
+    VIEWS,
+    render,
+    render_compare,
+    render_gate,
+)
 
-__all__ = ["EXIT_BROKEN_PIPE", "main"]
+__all__ = ["EXIT_BROKEN_PIPE", "EXIT_SLOWER", "main"]
 
 #: Exit status when standard output was closed before the command finished writing to it.
 EXIT_BROKEN_PIPE = 141
+#: Exit status of ``compare --max-slowdown`` when the gate fails (a region got slower).
+EXIT_SLOWER = 3
+#: Options of ``compare`` that only the gate (``--max-slowdown``) reads.
+_GATE_ONLY = ("confidence", "fail_undecided", "fail_missing", "match", "min_ms", "json")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,7 +59,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="cudatimer",
         description="Read cudatimer runs saved with cudatimer.save(path).",
         epilog="Exit status: 0 ok; 1 a file could not be read or written; 2 a bad command "
-        f"line; {EXIT_BROKEN_PIPE} standard output closed early (e.g. piped into head).",
+        f"line; {EXIT_SLOWER} compare --max-slowdown found a region slower; "
+        f"{EXIT_BROKEN_PIPE} standard output closed early (e.g. piped into head).",
     )
     parser.add_argument("--version", action=_Version, help="print versions and which core runs")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -68,14 +85,54 @@ def _parser() -> argparse.ArgumentParser:
     for flag in ("--last", "--steps", "--warmup"):
         show.add_argument(flag, help="refused: choose the window when saving (save(warmup=5))")
 
-    compare = sub.add_parser("compare", help="compare two saved runs region by region")
-    compare.add_argument("base", help="the reference run (JSON)")
-    compare.add_argument("new", help="the run to compare with it (JSON)")
-    compare.add_argument("--stat", choices=COMPARE_STATS, default="mean")
+    compare = sub.add_parser(
+        "compare",
+        help="compare saved runs region by region; with --max-slowdown, a performance gate",
+        description="Compare NEW with BASE region by region. With --max-slowdown, a gate: "
+        "each region's ratio gets a confidence interval and a verdict, and the command exits "
+        f"{EXIT_SLOWER} when a region got significantly slower (docs/gate.md).",
+    )
+    compare.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="BASE NEW (JSON files of save()); with --max-slowdown, BASE may be several runs "
+        "or folders (pooled), and folders of rank{N}.json files compare rank by rank",
+    )
+    compare.add_argument(
+        "--stat",
+        choices=COMPARE_STATS,
+        default=None,
+        help=f"default: mean; with --max-slowdown {DEFAULT_STAT} (one of {', '.join(GATE_STATS)})",
+    )
     compare.add_argument(
         "--tolerance", type=float, default=0.02, help="changes within it read 'same' (0.02=2%%)"
     )
     table_options(compare)
+    gate = compare.add_argument_group("the gate")
+    gate.add_argument(
+        "--max-slowdown",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help=f"gate: exit {EXIT_SLOWER} when a region is significantly slower and may be "
+        "slower by more than this (0.05 = 5%%)",
+    )
+    gate.add_argument(
+        "--confidence", type=float, default=None, help="for all regions together (0.95)"
+    )
+    gate.add_argument("--match", help="gate only regions matching this glob (or substring)")
+    gate.add_argument(
+        "--min-ms", type=float, default=None, help="ignore regions under this in both runs"
+    )
+    gate.add_argument("--fail-undecided", action="store_true", help="undecided regions fail")
+    gate.add_argument("--fail-missing", action="store_true", help="regions in one run only fail")
+    gate.add_argument(
+        "--allow-other-device",
+        action="store_true",
+        help="compare runs of different devices (refused otherwise)",
+    )
+    gate.add_argument("--json", metavar="PATH", help="write the verdicts as JSON too")
 
     trace = sub.add_parser("trace", help="write a Chrome/Perfetto trace of a saved run")
     trace.add_argument("run")
@@ -98,9 +155,25 @@ def _parser() -> argparse.ArgumentParser:
     html.add_argument("-o", "--output", help="default: RUN.html (NEW-vs-BASE.html for two)")
     html.add_argument("--top", type=_positive, default=8, help="regions in the per-step chart")
     html.add_argument("--title", help="the page's title")
-    html.add_argument("--stat", choices=COMPARE_STATS, default="mean", help="of the comparison")
+    html.add_argument(
+        "--stat",
+        choices=COMPARE_STATS,
+        default=None,
+        help=f"of the comparison (default: mean; with --max-slowdown {DEFAULT_STAT})",
+    )
     html.add_argument(
         "--tolerance", type=float, default=0.02, help="changes within it read 'same' (0.02=2%%)"
+    )
+    html.add_argument(
+        "--max-slowdown",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="show the gate's verdicts of `compare --max-slowdown` (0.05 = 5%%)",
+    )
+    html.add_argument("--confidence", type=float, default=0.95, help="of the gate (0.95)")
+    html.add_argument(
+        "--allow-other-device", action="store_true", help="gate runs of different devices"
     )
 
     csv = sub.add_parser("csv", help="write regions, per-step stats or trace samples as CSV")
@@ -155,17 +228,81 @@ def _check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
                 )
             _show(empty, args)
         elif command == "compare":
-            render_compare(empty, empty, fmt=args.fmt, tolerance=args.tolerance)
+            _check_compare(args, empty)
         elif command == "html":
             if len(args.runs) > 2:
                 raise ValueError(
                     f"give one run, or two to compare (BASE NEW); got {len(args.runs)} files"
                 )
+            if args.max_slowdown is not None and len(args.runs) != 2:
+                raise ValueError("--max-slowdown gates a comparison: give two runs, BASE NEW")
             from .render._html import render_html
 
-            render_html(empty, base=empty, top=args.top, title=args.title, tolerance=args.tolerance)
+            render_html(
+                empty,
+                base=empty,
+                top=args.top,
+                title=args.title,
+                tolerance=args.tolerance,
+                stat=args.stat,
+                max_slowdown=args.max_slowdown,
+                confidence=args.confidence,
+            )
     except (TypeError, ValueError) as exc:
         parser.error(f"{command}: {exc}")
+
+
+def _check_compare(args: argparse.Namespace, empty: Summary) -> None:
+    """``compare``'s options: two runs, or a gate's several; gate options with the gate."""
+    if len(args.runs) < 2:
+        raise ValueError("give two runs, BASE NEW (the last one is NEW)")
+    if args.max_slowdown is None:
+        given = [
+            f"--{k.replace('_', '-')}"
+            for k in (*_GATE_ONLY, "allow_other_device")
+            if getattr(args, k) not in (None, False)
+        ]
+        if given:
+            raise ValueError(f"{', '.join(given)}: gate options; add --max-slowdown FRACTION")
+        if len(args.runs) > 2:
+            raise ValueError(
+                f"give two runs, BASE NEW; got {len(args.runs)}: several BASE runs pool in the "
+                "gate only (add --max-slowdown FRACTION)"
+            )
+        render_compare(
+            empty, empty, fmt=args.fmt, tolerance=args.tolerance, stat=args.stat or "mean"
+        )
+        return
+    comparison = compare_sides(
+        {None: [empty]},
+        {None: [empty]},
+        max_slowdown=args.max_slowdown,
+        stat=args.stat or DEFAULT_STAT,
+        confidence=0.95 if args.confidence is None else args.confidence,
+        match=args.match,
+        min_ms=args.min_ms or 0.0,
+    )
+    render_gate(comparison, fmt=args.fmt)
+
+
+def _gate(args: argparse.Namespace) -> tuple[str, int]:
+    """``compare --max-slowdown``: the gate's table and exit status (EXIT_SLOWER on a fail)."""
+    base, new = load_side(args.runs[:-1]), load_side(args.runs[-1:])
+    comparison = compare_sides(
+        base,
+        new,
+        max_slowdown=args.max_slowdown,
+        stat=args.stat or DEFAULT_STAT,
+        confidence=0.95 if args.confidence is None else args.confidence,
+        match=args.match,
+        min_ms=args.min_ms or 0.0,
+        fail_undecided=args.fail_undecided,
+        fail_missing=args.fail_missing,
+        allow_other_device=args.allow_other_device,
+    )
+    if args.json:
+        write_json(comparison, args.json)
+    return render_gate(comparison, fmt=args.fmt), 0 if comparison.ok else EXIT_SLOWER
 
 
 def _column_list(text: str | None) -> list[str] | None:
@@ -193,10 +330,11 @@ def _stem(path: str) -> str:
 def _run(args: argparse.Namespace) -> str:
     """Do the command; the text to print. Raises ValueError/OSError/ImportError on failure."""
     if args.command == "compare":
-        base, new = load(args.base), load(args.new)
+        base, new = load(args.runs[0]), load(args.runs[1])
         labels = ("base", "new")
+        stat = args.stat or "mean"
         return render_compare(
-            base, new, stat=args.stat, fmt=args.fmt, tolerance=args.tolerance, labels=labels
+            base, new, stat=stat, fmt=args.fmt, tolerance=args.tolerance, labels=labels
         )
     if args.command == "html":
         return _html(args)
@@ -250,7 +388,17 @@ def _html(args: argparse.Namespace) -> str:
     out = args.output or f"{_stem(new_path)}-vs-{os.path.basename(_stem(base_path))}.html"
     if args.title is None:
         options["title"] = f"cudatimer: {new_path} (new) against {base_path} (base)"
-    write_html(new, out, base=base, stat=args.stat, tolerance=args.tolerance, **options)
+    gate = {"max_slowdown": args.max_slowdown, "confidence": args.confidence}
+    write_html(
+        new,
+        out,
+        base=base,
+        stat=args.stat,
+        tolerance=args.tolerance,
+        allow_other_device=args.allow_other_device,
+        **gate,
+        **options,
+    )
     return f"wrote {out}"
 
 
@@ -266,8 +414,12 @@ def _silence_stdout() -> None:
 
 
 def _command(args: argparse.Namespace) -> int:
+    status = 0
     try:
-        text = _run(args)
+        if args.command == "compare" and args.max_slowdown is not None:
+            text, status = _gate(args)
+        else:
+            text = _run(args)
     except BrokenPipeError:
         raise
     except (OSError, ValueError, ImportError, TypeError) as exc:
@@ -279,7 +431,7 @@ def _command(args: argparse.Namespace) -> int:
     if text:
         print(text)
     sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
-    return 0
+    return status
 
 
 def main(argv: Sequence[str] | None = None) -> int:

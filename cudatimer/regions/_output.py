@@ -119,6 +119,9 @@ class HtmlOptions(Window, total=False):
     title: str | None
     stat: str
     tolerance: float
+    max_slowdown: float | None
+    confidence: float
+    allow_other_device: bool
 
 
 class Source(Protocol):

@@ -32,6 +32,7 @@ from ..recorder._recorder import Recorder
 from ..records._records import StepStats, Summary
 from ..sources import _backward, _compile
 from . import _output
+from ._machine import machine_meta
 from ._nvtx import Domain, resolve_color
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -671,6 +672,7 @@ class Timer:
         meta: tuple[tuple[str, str], ...] = (
             ("timer", self.name),
             ("torch", str(torch.__version__)),
+            *machine_meta(),
         )
         left_out = _compile.left_out(self.compile_key)
         if left_out:

@@ -31,8 +31,10 @@ import os
 from collections.abc import Sequence
 from typing import IO, Any
 
+from ..records._compare import Comparison
 from ..records._ranks import RankSummary
 from ..records._records import RegionStats, Summary
+from ._gate import DEFAULT_STAT, compare_sides
 from ._report import (
     COMPARE_STATS,
     TREE_LEVELS,
@@ -40,7 +42,10 @@ from ._report import (
     compare_note,
     compared,
     elide,
+    gate_headline,
+    gate_notes,
     host_bound,
+    level_text,
     rank_ranges,
     summary_notes,
 )
@@ -283,6 +288,43 @@ def _compare(
     return table
 
 
+def _gate(c: Comparison) -> dict[str, Any]:
+    """The comparison table of the gate (``max_slowdown``): the verdicts of ``compare``."""
+    base, new = c.labels
+    unit = "ms/step" if c.stat == "per_step" else f"{c.stat} ms"
+    columns = [
+        ("region", "region", "text"),
+        ("clock", "clock", "text"),
+        ("base", f"{base} {unit}", "ms"),
+        ("new", f"{new} {unit}", "ms"),
+        ("ratio", f"{new}/{base}", "x3"),
+        ("interval", f"{level_text(c.region_confidence)} interval", "text"),
+        ("verdict", "verdict", "text"),
+    ]
+    css = {"slower": "slower", "faster": "faster", "same": ""}
+    body = []
+    for v in c.items:
+        interval = "-"
+        if v.low is not None and v.high is not None:
+            interval = f"{v.low:.3f}-" + ("inf" if math.isinf(v.high) else f"{v.high:.3f}")
+        verdict = f"{v.verdict} ({v.reason})" if v.reason else v.verdict
+        values = [
+            v.name,
+            v.clock,
+            _num(v.base_ms),
+            _num(v.new_ms),
+            _num(v.ratio),
+            interval,
+            verdict,
+        ]
+        body.append((v.name, css.get(v.verdict, "absent"), values))
+    keys = [(v.name, v.clock) for v in c.items]
+    table = _table("compare", columns, keys, body, ("base", -1))
+    table["note"] = gate_headline(c)
+    table["notes"] = [gate_headline(c), *gate_notes(c)]
+    return table
+
+
 def _ranks(ranked: RankSummary) -> dict[str, Any]:
     n = len(ranked.ranks)
     columns = [
@@ -361,15 +403,20 @@ def render_html(
     base: Summary | None = None,
     top: int = 8,
     title: str | None = None,
-    stat: str = "mean",
+    stat: str | None = None,
     tolerance: float = 0.02,
     labels: tuple[str, str] = ("base", "new"),
+    max_slowdown: float | None = None,
+    confidence: float = 0.95,
+    allow_other_device: bool = False,
 ) -> str:
     """The HTML page of ``run``: its region tree (GPU and CPU time side by side, sortable and
     collapsible), the per-step time of its ``top`` regions, its sync sites; with ``base``, a
     comparison of the two first (``run`` is the new run: as ``cudatimer compare BASE NEW``,
     by ``stat`` with ``tolerance``); for a ``RankSummary``, the cross-rank table and the tree
-    of all ranks folded together (``RankSummary.merged()``).
+    of all ranks folded together (``RankSummary.merged()``). With ``max_slowdown`` the
+    comparison is the gate's (``cudatimer.compare``): each region's interval and verdict, by
+    ``stat`` (default p50) at ``confidence``.
 
     Opening the page needs no network. ``render_html`` only reads its records.
     """
@@ -386,7 +433,20 @@ def render_html(
         )
     if base is not None and not isinstance(base, Summary):
         raise TypeError(f"base must be a cudatimer.Summary or None, got {type(base).__name__}")
-    if stat not in COMPARE_STATS:
+    gate = None
+    if max_slowdown is not None:
+        if base is None or not isinstance(run, Summary):
+            raise ValueError("max_slowdown gates a comparison: give base= (a Summary) too")
+        gate = compare_sides(
+            {None: [base]},
+            {None: [run]},
+            max_slowdown=max_slowdown,
+            stat=DEFAULT_STAT if stat is None else stat,
+            confidence=confidence,
+            allow_other_device=allow_other_device,
+            labels=labels,
+        )
+    elif stat is not None and stat not in COMPARE_STATS:
         raise ValueError(f"stat must be one of {', '.join(COMPARE_STATS)}; got {stat!r}")
     _check(top, title, labels)
     doc: dict[str, Any] = {"compare": None, "ranks": None}
@@ -396,7 +456,11 @@ def render_html(
         runs = [_run(folded, top, f"all {len(run.ranks)} rank(s) folded together")]
         default = f"cudatimer: {len(run.ranks)} rank(s)"
     elif base is not None:
-        doc["compare"] = _compare(base, run, stat, tolerance, labels)
+        doc["compare"] = (
+            _gate(gate)
+            if gate is not None
+            else _compare(base, run, stat or "mean", tolerance, labels)
+        )
         runs = [_run(run, top, labels[1]), _run(base, top, labels[0])]
         default = f"cudatimer: {labels[1]} against {labels[0]}"
     else:
@@ -775,7 +839,7 @@ _SCRIPT = r"""
   if (doc.compare) {
     const s = section("Comparison", "compare");
     s.append(table(doc.compare, -1));
-    notes(s, [doc.compare.note]);
+    notes(s, doc.compare.notes || [doc.compare.note]);
   }
   if (doc.ranks) {
     const s = section("Across ranks", "ranks");

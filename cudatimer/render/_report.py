@@ -596,6 +596,159 @@ def render_compare(
     return text + f"\nnote: {compare_note(stat, tolerance)}"
 
 
+# -- the performance gate (cudatimer compare --max-slowdown) ---------------------------------
+# Imported here, not at the top, so that this addition stays local to the compare section.
+from ..records._compare import Comparison, RegionVerdict  # noqa: E402
+
+__all__ += ["gate_headline", "gate_notes", "level_text", "render_gate"]
+
+# The table lists what needs a look first: what fails, what cannot be told, then the rest.
+_VERDICT_ORDER = {"slower": 0, "undecided": 1, "faster": 3, "same": 4}
+
+
+def level_text(level: float) -> str:
+    """A confidence level as a percentage with the digits that tell it from 100%:
+    0.95 -> "95%", 0.99375 -> "99.38%"."""
+    digits = max(2, math.ceil(-math.log10(max(1e-12, 1.0 - level)))) + 1
+    return f"{100.0 * level:.{digits}g}%"
+
+
+def _interval_text(v: RegionVerdict) -> str:
+    if v.low is None or v.high is None:
+        return "-"
+    high = "inf" if math.isinf(v.high) else f"{v.high:.3f}"
+    return f"{v.low:.3f}-{high}"
+
+
+def _verdict_text(v: RegionVerdict) -> str:
+    return f"{v.verdict} ({v.reason})" if v.reason else v.verdict
+
+
+def _samples_text(v: RegionVerdict) -> str:
+    if not v.samples:
+        return "-"
+    runs = ""
+    if v.base_runs > 1 or v.new_runs > 1:
+        runs = f" ({v.base_runs}+{v.new_runs} runs)"
+    return f"{v.base_n}/{v.new_n} {v.samples}{runs}"
+
+
+def gate_headline(c: Comparison) -> str:
+    """One line: passed or failed, and how many regions got each verdict."""
+    counts = [
+        (len(c.regressions), "slower"),
+        (len(c.undecided), "undecided"),
+        (len(c.missing), "in one run only"),
+        (len(c.improvements), "faster"),
+        (len(c.same), "same"),
+    ]
+    told = ", ".join(f"{n} {what}" for n, what in counts if n) or "no regions"
+    state = "passed" if c.ok else "FAILED"
+    return f"cudatimer: gate {state} (max slowdown {100 * c.max_slowdown:g}%): {told}"
+
+
+def gate_notes(c: Comparison) -> list[str]:
+    """The notes under a gate's table: the method and level, then what the comparison found."""
+    kinds = {v.samples for v in c.items if v.samples}
+    over = " and ".join(
+        {"steps": "per-step sums", "calls": "per-call durations"}[k]
+        for k in sorted(kinds, reverse=True)
+    )
+    notes = [
+        f"{c.stat} of {over or 'the samples'}, GPU time where timed on the GPU, else host time; "
+        f"intervals of {c.labels[1]}/{c.labels[0]} at {level_text(c.region_confidence)} each, "
+        f"{level_text(c.confidence)} for all {c.tested} tested together (Bonferroni); slower = "
+        f"the interval lies above 1 and reaches past {1 + c.max_slowdown:g}, same = within "
+        f"{1 / (1 + c.max_slowdown):.3f}-{1 + c.max_slowdown:g} (docs/gate.md)"
+    ]
+    if "calls" in kinds:
+        notes.append(
+            "calls: per-call durations from the whole-run histograms (within 1%), where a run "
+            "kept no steps of the region; steps: per-step sums of the steps each run kept"
+        )
+    if c.ignored:
+        notes.append(f"{c.ignored} region(s) not gated (match / min_ms)")
+    failing = []
+    if c.fail_undecided and c.undecided:
+        failing.append("undecided regions fail (fail_undecided)")
+    if c.fail_missing and c.missing:
+        failing.append("regions in one run only fail (fail_missing)")
+    notes.extend(failing)
+    notes.extend(c.notes)
+    return notes
+
+
+def render_gate(c: Comparison, *, fmt: str = "simple") -> str:
+    """The gate's table: a headline, one row per region (base, new, ratio, its interval, the
+    verdict), then notes on the method. ``fmt="github"`` makes a pull-request comment.
+
+    >>> from cudatimer.records._compare import Comparison, RegionVerdict
+    >>> v = RegionVerdict("fwd", "host", "same", 2.0, 2.02, 1.01, 0.99, 1.03, "steps", 50, 50)
+    >>> text = render_gate(Comparison((v,), stat="p50", max_slowdown=0.05), fmt="plain")
+    >>> text.splitlines()[0]
+    'cudatimer: gate passed (max slowdown 5%): 1 same'
+    """
+    if not isinstance(c, Comparison):
+        raise TypeError(f"comparison must be a cudatimer.Comparison, got {type(c).__name__}")
+    fmt = _check_fmt(fmt)
+    base, new = c.labels
+    ranked = any(v.rank is not None for v in c.items)
+    order = sorted(
+        range(len(c.items)),
+        key=lambda i: (_VERDICT_ORDER.get(c.items[i].verdict, 2), i),
+    )
+    unit = "ms/step" if c.stat == "per_step" else f"{c.stat} ms"
+    headers = [
+        *(["rank"] if ranked else []),
+        "region",
+        "clock",
+        f"{base} {unit}",
+        f"{new} {unit}",
+        f"{new}/{base}",
+        f"{level_text(c.region_confidence)} interval",
+        "verdict",
+        "samples",
+    ]
+    table = []
+    for i in order:
+        v = c.items[i]
+        table.append(
+            [
+                *([str(v.rank)] if ranked else []),
+                elide(v.name),
+                v.clock,
+                _ms(v.base_ms),
+                _ms(v.new_ms),
+                "-" if v.ratio is None else f"{v.ratio:.3f}",
+                _interval_text(v),
+                _verdict_text(v),
+                _samples_text(v),
+            ]
+        )
+    headline = gate_headline(c)
+    if fmt == "github":
+        headline = f"**{headline}**\n"
+    if not table:
+        text = "cudatimer: no regions to gate in either run"
+    else:
+        align = [
+            *(["right"] if ranked else []),
+            "left",
+            "left",
+            "right",
+            "right",
+            "right",
+            "left",
+            "left",
+            "left",
+        ]
+        text = tabulate(table, headers=headers, tablefmt=fmt, disable_numparse=True, colalign=align)
+    notes = gate_notes(c)
+    if fmt == "github":
+        return headline + "\n" + text + "\n\n" + "".join(f"- {n}\n" for n in notes).rstrip("\n")
+    return headline + "\n" + text + "".join(f"\nnote: {n}" for n in notes)
+
+
 # -- cross-rank table (cudatimer.distributed) -------------------------------------------------
 # Imported here, not at the top, so that this addition stays an append to the module.
 from ..records._ranks import RankedRegion, RankSummary  # noqa: E402

@@ -18,6 +18,12 @@ from cudatimer import Timer
 Case = tuple[str, Callable[[], Any], type[BaseException], str]
 
 
+def _run() -> cudatimer.Summary:
+    return cudatimer.Summary(
+        (cudatimer.RegionStats("a", "host", 5, None, cudatimer.Histogram.of([1.0] * 5)),)
+    )
+
+
 class _Graph:
     def replay(self) -> None:
         pass
@@ -114,6 +120,38 @@ CASES: list[Case] = [
     ("html", lambda: cudatimer.html("/tmp/h.html", summary=1), TypeError, "summary"),  # type: ignore[arg-type]
     ("html", lambda: cudatimer.html("/tmp/h.html", base=1), TypeError, "base"),  # type: ignore[arg-type]
     ("html", lambda: cudatimer.html("/tmp/h.html", stat="x"), ValueError, "stat"),
+    ("html", lambda: cudatimer.html("/tmp/h.html", max_slowdown=0.05), ValueError, "base"),
+    ("compare", lambda: cudatimer.compare(1, _run()), TypeError, "Summary"),
+    ("compare", lambda: cudatimer.compare([], _run()), ValueError, "at least one run"),
+    (
+        "compare",
+        lambda: cudatimer.compare(_run(), _run(), max_slowdown=-1),
+        ValueError,
+        "max_slowdown",
+    ),
+    (
+        "compare",
+        lambda: cudatimer.compare(_run(), _run(), max_slowdown="5%"),
+        TypeError,
+        "max_slowdown",
+    ),  # type: ignore[arg-type]
+    ("compare", lambda: cudatimer.compare(_run(), _run(), stat="total"), ValueError, "per_step"),
+    ("compare", lambda: cudatimer.compare(_run(), _run(), confidence=95), ValueError, "confidence"),
+    ("compare", lambda: cudatimer.compare(_run(), _run(), min_ms=-1.0), ValueError, "min_ms"),
+    ("compare", lambda: cudatimer.compare(_run(), _run(), match=3), TypeError, "match"),  # type: ignore[arg-type]
+    (
+        "compare",
+        lambda: cudatimer.compare(_run(), _run(), fail_missing=1),
+        TypeError,
+        "fail_missing",
+    ),  # type: ignore[arg-type]
+    ("compare_report", lambda: cudatimer.compare_report(_run()), TypeError, "Comparison"),  # type: ignore[arg-type]
+    (
+        "compare_report",
+        lambda: cudatimer.compare_report(cudatimer.compare(_run(), _run()), fmt="x"),
+        ValueError,
+        "fmt",
+    ),
     ("load", lambda: cudatimer.load(3), TypeError, "path"),  # type: ignore[arg-type]
     ("save", lambda: cudatimer.save(3), TypeError, "path"),  # type: ignore[arg-type]
     ("export_trace", lambda: cudatimer.export_trace(3), TypeError, "path"),

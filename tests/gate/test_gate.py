@@ -1,0 +1,522 @@
+"""The performance gate: verdicts on runs of known distributions, pooled and per-rank baselines,
+the device check, ``compare --max-slowdown`` exit codes and JSON, the HTML verdicts, and the
+``cudatimer_gate`` pytest fixture end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import cudatimer
+from cudatimer import Histogram, RegionStats, StepStats, Summary
+from cudatimer._cli import EXIT_SLOWER, main
+from cudatimer.render._export import save
+from cudatimer.render._html import render_html
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(
+    regions: dict[str, list[float]],
+    *,
+    device: str = "CPU Test 9000",
+    host: str = "ci-1",
+    steps: bool = True,
+) -> Summary:
+    """A host-clock run whose region ``name`` took ``values[k]`` ms in step ``k`` (one call a
+    step); ``steps=False``: no per-step records (per-call samples only)."""
+    records = tuple(
+        RegionStats(name, "host", len(v), None, Histogram.of(v)) for name, v in regions.items()
+    )
+    count = max(len(v) for v in regions.values())
+    rows = tuple(
+        StepStats(k, name, "host", 1, None, v[k])
+        for k in range(count)
+        for name, v in regions.items()
+        if k < len(v)
+    )
+    return Summary(
+        regions=records,
+        steps=count if steps else 0,
+        meta=(("device", device), ("host", host)),
+        step_stats=rows if steps else (),
+    )
+
+
+def lognormal(seed: int, n: int = 50, ms: float = 5.0, sigma: float = 0.02) -> list[float]:
+    rng = random.Random(seed)
+    return [ms * rng.lognormvariate(0.0, sigma) for _ in range(n)]
+
+
+def verdict(c: cudatimer.Comparison, name: str) -> cudatimer.RegionVerdict:
+    (item,) = [v for v in c.items if v.name == name]
+    return item
+
+
+# -- verdicts --------------------------------------------------------------------------------
+def test_every_verdict_on_known_distributions() -> None:
+    """Same, slower, faster, undecided (noisy, too few) and only-in on lognormal runs."""
+    base = run(
+        {
+            "same": lognormal(1),
+            "slower": lognormal(2),
+            "faster": lognormal(3),
+            "noisy": lognormal(4, sigma=0.6),
+            "few": lognormal(5, n=3),
+            "gone": lognormal(6),
+        }
+    )
+    new = run(
+        {
+            "same": lognormal(11),
+            "slower": [1.25 * x for x in lognormal(12)],
+            "faster": [0.75 * x for x in lognormal(13)],
+            "noisy": lognormal(14, sigma=0.6),
+            "few": lognormal(15, n=3),
+            "added": lognormal(16),
+        }
+    )
+    c = cudatimer.compare(base, new, max_slowdown=0.05)
+    got = {v.name: v.verdict for v in c.items}
+    assert got == {
+        "same": "same",
+        "slower": "slower",
+        "faster": "faster",
+        "noisy": "undecided",
+        "few": "undecided",
+        "gone": "only in base",
+        "added": "only in new",
+    }
+    assert verdict(c, "noisy").reason == "too noisy"
+    assert verdict(c, "few").reason.startswith("too few samples")
+    assert [v.name for v in c.regressions] == ["slower"]
+    assert [v.name for v in c.improvements] == ["faster"]
+    assert {v.name for v in c.undecided} == {"noisy", "few"}
+    assert {v.name for v in c.missing} == {"gone", "added"}
+    assert not c.ok
+    slow = verdict(c, "slower")
+    assert slow.interval is not None and 1.0 < slow.interval[0] < 1.25 < slow.interval[1]
+    assert slow.base == slow.base_ms and slow.new == slow.new_ms
+    assert slow.ratio == pytest.approx(slow.new_ms / slow.base_ms)
+    assert slow.samples == "steps" and (slow.base_n, slow.new_n) == (50, 50)
+
+
+def test_a_small_significant_change_within_max_slowdown_is_same() -> None:
+    """A 2% slowdown measured to +-0.5% is 'same' at max_slowdown 5%, 'slower' at 1%."""
+    base = run({"r": lognormal(1, n=200, sigma=0.01)})
+    new = run({"r": [1.02 * x for x in lognormal(2, n=200, sigma=0.01)]})
+    loose = verdict(cudatimer.compare(base, new, max_slowdown=0.05), "r")
+    assert loose.verdict == "same" and loose.low is not None and loose.low > 1.0
+    assert verdict(cudatimer.compare(base, new, max_slowdown=0.01), "r").verdict == "slower"
+
+
+def test_per_call_samples_where_no_steps_were_marked() -> None:
+    """Without per-step records the gate reads per-call durations from the histograms."""
+    base = run({"r": lognormal(1, n=400)}, steps=False)
+    new = run({"r": [1.3 * x for x in lognormal(2, n=400)]}, steps=False)
+    v = verdict(cudatimer.compare(base, new), "r")
+    assert (v.verdict, v.samples, v.base_n) == ("slower", "calls", 400)
+    same = verdict(cudatimer.compare(base, run({"r": lognormal(3, n=400)}, steps=False)), "r")
+    assert same.verdict == "same"
+
+
+def test_each_statistic_and_too_few_samples_for_p99() -> None:
+    """mean, per_step and p90 gate a 25% slowdown; p99 of 50 steps has no interval."""
+    base, new = run({"r": lognormal(1)}), run({"r": [1.25 * x for x in lognormal(2)]})
+    for stat in ("mean", "per_step", "p90"):
+        assert verdict(cudatimer.compare(base, new, stat=stat), "r").verdict == "slower", stat
+    p99 = verdict(cudatimer.compare(base, new, stat="p99"), "r")
+    assert p99.verdict == "undecided" and p99.reason.startswith("too few samples for p99")
+    calls = verdict(
+        cudatimer.compare(run({"r": [1.0] * 9}, steps=False), new, stat="per_step"), "r"
+    )
+    assert calls.verdict == "undecided" and "per_step needs steps" in calls.reason
+
+
+def test_runs_of_different_lengths_compare_fairly() -> None:
+    """A run of 400 steps against one of 50 of the same program: same, not 8x slower."""
+    c = cudatimer.compare(run({"r": lognormal(1)}), run({"r": lognormal(2, n=400)}))
+    assert verdict(c, "r").verdict == "same"
+    assert (verdict(c, "r").base_n, verdict(c, "r").new_n) == (50, 400)
+
+
+def test_bonferroni_over_the_regions_tested() -> None:
+    """Each interval is at 1 - (1 - confidence) / k for the k regions tested."""
+    names = [f"r{i}" for i in range(8)]
+    base = run({n: lognormal(i) for i, n in enumerate(names)} | {"few": [1.0, 1.0]})
+    new = run({n: lognormal(10 + i) for i, n in enumerate(names)} | {"few": [1.0, 1.0]})
+    c = cudatimer.compare(base, new, confidence=0.9)
+    assert c.tested == 8
+    assert c.region_confidence == pytest.approx(1 - 0.1 / 8)
+    one = cudatimer.compare(run({"r0": lognormal(0)}), run({"r0": lognormal(10)}), confidence=0.9)
+    wide, narrow = verdict(c, "r0"), verdict(one, "r0")
+    assert wide.interval is not None and narrow.interval is not None
+    assert wide.interval[1] - wide.interval[0] > 1.3 * (narrow.interval[1] - narrow.interval[0])
+
+
+def test_drift_within_a_run_widens_the_interval() -> None:
+    """Steps that drift in time (a ramp) give a wider interval than the same steps shuffled:
+    the batch-means factor sees neighbouring steps alike."""
+    ramp = [4.5 + k / 50 for k in range(50)]
+    shuffled = ramp[:]
+    random.Random(0).shuffle(shuffled)
+    new = run({"r": lognormal(1, ms=5.0, sigma=0.001)})
+    drift = verdict(cudatimer.compare(run({"r": ramp}), new), "r").interval
+    flat = verdict(cudatimer.compare(run({"r": shuffled}), new), "r").interval
+    assert drift is not None and flat is not None
+    assert math.log(drift[1] / drift[0]) > 1.5 * math.log(flat[1] / flat[0])
+
+
+def test_the_step_in_progress_is_left_out() -> None:
+    """A whole-run summary's step in progress (step == steps) is not a sample."""
+    timer = cudatimer.Timer(name="progress", clock="host")
+    for _ in range(6):
+        with timer.region("r"):
+            pass
+        timer.step()
+    with timer.region("r"):  # the 7th step, never finished
+        pass
+    s = timer.summary(step_stats=True)
+    v = verdict(cudatimer.compare(s, s), "r")
+    assert (v.samples, v.base_n) == ("steps", 6)
+
+
+def test_match_and_min_ms_restrict_the_gate() -> None:
+    """--match keeps matching regions only; --min-ms ignores regions small in both runs."""
+    base = run({"fwd/attn": lognormal(1), "fwd/mlp": lognormal(2), "tiny": lognormal(3, ms=0.01)})
+    new = run(
+        {
+            "fwd/attn": lognormal(4),
+            "fwd/mlp": [2 * x for x in lognormal(5)],
+            "tiny": lognormal(6, ms=0.05),
+        }
+    )
+    everything = cudatimer.compare(base, new)
+    assert {v.name for v in everything.regressions} == {"fwd/mlp", "tiny"}
+    attn = cudatimer.compare(base, new, match="*attn")
+    assert [v.name for v in attn.items] == ["fwd/attn"] and attn.ok and attn.ignored == 2
+    big = cudatimer.compare(base, new, min_ms=0.1)
+    assert {v.name for v in big.items} == {"fwd/attn", "fwd/mlp"} and big.ignored == 1
+    grown = cudatimer.compare(base, new, min_ms=0.03)  # tiny grew past it in new: kept
+    assert "tiny" in {v.name for v in grown.regressions}
+
+
+# -- pooled and per-rank baselines ------------------------------------------------------------
+def test_pooled_baselines_measure_the_spread_between_runs(tmp_path: Path) -> None:
+    """Base runs that differ by 10% from run to run: one of them calls a 5% change slower,
+    the three pooled (a folder) leave it undecided, with base_runs 3 and pooled samples."""
+    folder = tmp_path / "main"
+    for i, ms in enumerate((4.8, 5.3, 5.8)):
+        save(run({"r": lognormal(i, ms=ms, sigma=0.01)}), folder / f"run{i}.json")
+    new = run({"r": lognormal(9, ms=5.55, sigma=0.01)})
+    single = verdict(cudatimer.compare(folder / "run1.json", new), "r")
+    assert single.verdict == "slower"
+    pooled = verdict(cudatimer.compare(folder, new), "r")
+    assert pooled.verdict == "undecided" and pooled.base_runs == 3 and pooled.base_n == 150
+    files = verdict(cudatimer.compare(sorted(folder.iterdir()), new), "r")
+    assert files == pooled
+    runs = [cudatimer.load(p) for p in sorted(folder.iterdir())]
+    all_steps = sorted(x.cpu_ms for s in runs for x in s.step_stats)
+    assert pooled.base_ms == pytest.approx((all_steps[74] + all_steps[75]) / 2)
+
+
+def _ranks(folder: Path, slow_rank: int | None) -> None:
+    for rank in range(2):
+        factor = 1.5 if rank == slow_rank else 1.0
+        save(run({"step": [factor * x for x in lognormal(rank)]}), folder / f"rank{rank}.json")
+
+
+def test_per_rank_folders_compare_rank_by_rank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Folders of rank{N}.json compare rank by rank: the slowed rank alone is slower."""
+    _ranks(tmp_path / "base", None)
+    _ranks(tmp_path / "new", 1)
+    c = cudatimer.compare(tmp_path / "base", tmp_path / "new")
+    assert [(v.rank, v.verdict) for v in c.items] == [(0, "same"), (1, "slower")]
+    assert [v.rank for v in c.regressions] == [1] and c.tested == 2
+    assert (
+        main(["compare", str(tmp_path / "base"), str(tmp_path / "new"), "--max-slowdown", "0.05"])
+        == EXIT_SLOWER
+    )
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].split()[:2] == ["rank", "region"]
+    with pytest.raises(ValueError, match="per-rank files"):
+        cudatimer.compare(tmp_path / "base", tmp_path / "new" / "rank0.json")
+
+
+# -- the device check -----------------------------------------------------------------------------
+def test_runs_of_different_devices_are_refused_unless_allowed(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Different device names: refused (exit 1, both named), or compared with a warning."""
+    save(run({"r": lognormal(1)}, device="NVIDIA H200"), tmp_path / "a.json")
+    save(run({"r": lognormal(2)}, device="NVIDIA A100", host="ci-2"), tmp_path / "b.json")
+    argv = ["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--max-slowdown", "0.05"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "NVIDIA H200" in err and "NVIDIA A100" in err and "--allow-other-device" in err
+    assert main([*argv, "--allow-other-device"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: base ran on NVIDIA H200, new on NVIDIA A100" in out
+    assert "base ran on host ci-1, new on ci-2" in out
+    with pytest.raises(ValueError, match="allow_other_device"):
+        cudatimer.compare(tmp_path / "a.json", tmp_path / "b.json")
+
+
+def test_a_summary_records_its_device_and_host() -> None:
+    """A Timer's summary names the device (the CPU's model here) and the host."""
+    timer = cudatimer.Timer(name="where", clock="host")
+    with timer.region("r"):
+        pass
+    meta = dict(timer.summary().meta)
+    assert meta["device"].startswith("CPU ") and len(meta["device"]) > 4
+    assert meta["host"] == socket.gethostname()
+
+
+# -- the command line -----------------------------------------------------------------------
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, str]:
+    out = {}
+    for key, regions in {
+        "base": {"a": lognormal(1), "b": lognormal(2)},
+        "same": {"a": lognormal(3), "b": lognormal(4)},
+        "slow": {"a": lognormal(5), "b": [1.3 * x for x in lognormal(6)]},
+        "noisy": {"a": lognormal(7), "b": lognormal(8, sigma=0.6)},
+        "missing": {"a": lognormal(9)},
+    }.items():
+        save(run(regions), tmp_path / f"{key}.json")
+        out[key] = str(tmp_path / f"{key}.json")
+    return out
+
+
+def test_exit_codes(files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    """0 when nothing is slower, 3 when something is; undecided and missing fail when asked."""
+    gate = ["--max-slowdown", "0.05"]
+    assert main(["compare", files["base"], files["same"], *gate]) == 0
+    assert main(["compare", files["base"], files["slow"], *gate]) == EXIT_SLOWER == 3
+    assert main(["compare", files["base"], files["noisy"], *gate]) == 0
+    assert main(["compare", files["base"], files["noisy"], *gate, "--fail-undecided"]) == 3
+    assert main(["compare", files["base"], files["missing"], *gate]) == 0
+    assert main(["compare", files["base"], files["missing"], *gate, "--fail-missing"]) == 3
+    assert main(["compare", files["base"], files["slow"], *gate, "--match", "a"]) == 0
+    assert main(["compare", files["base"], files["base"] + ".nope", *gate]) == 1
+    assert main(["compare", files["base"], files["slow"]]) == 0  # no gate: a report
+    out = capsys.readouterr().out
+    assert "cudatimer: gate FAILED (max slowdown 5%): 1 slower, 1 same" in out
+
+
+def test_the_table_in_every_format(
+    files: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each format shows base, new, ratio, the interval with its level, and the verdict;
+    github gives a Markdown comment."""
+    for fmt in ("simple", "github", "plain", "grid"):
+        assert (
+            main(["compare", files["base"], files["slow"], "--max-slowdown", "0.05", "--fmt", fmt])
+            == 3
+        )
+        out = capsys.readouterr().out
+        assert "97.5% interval" in out and "new/base" in out and "slower" in out, fmt
+        assert "95% for all 2 tested together (Bonferroni)" in out, fmt
+    main(["compare", files["base"], files["slow"], "--max-slowdown", "0.05", "--fmt", "github"])
+    comment = capsys.readouterr().out
+    assert comment.startswith("**cudatimer: gate FAILED") and "\n| b " in comment
+    assert "\n- p50 of per-step sums" in comment
+
+
+def test_json_verdicts(files: dict[str, str], tmp_path: Path) -> None:
+    """--json writes the verdicts, intervals and counts for machines."""
+    out = tmp_path / "v" / "gate.json"
+    argv = ["compare", files["base"], files["slow"], "--max-slowdown", "0.05", "--json", str(out)]
+    assert main(argv) == 3
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "cudatimer.gate" and doc["ok"] is False
+    assert doc["counts"] == {"slower": 1, "faster": 0, "same": 1, "undecided": 0, "missing": 0}
+    b = next(r for r in doc["regions"] if r["name"] == "b")
+    assert b["verdict"] == "slower" and b["low"] < b["ratio"] < b["high"]
+    assert b["ratio"] == pytest.approx(b["new_ms"] / b["base_ms"])
+    assert doc["region_confidence"] == pytest.approx(0.975) and doc["tested"] == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "word"),
+    [
+        (["--max-slowdown", "-0.1"], "max_slowdown"),
+        (["--max-slowdown", "x"], "--max-slowdown"),
+        (["--max-slowdown", "0.05", "--stat", "total"], "per_step"),
+        (["--max-slowdown", "0.05", "--stat", "max"], "no confidence interval"),
+        (["--max-slowdown", "0.05", "--confidence", "1.5"], "confidence"),
+        (["--max-slowdown", "0.05", "--min-ms", "-1"], "min_ms"),
+        (["--max-slowdown", "0.05", "--fmt", "nope"], "fmt"),
+        (["--json", "x.json"], "add --max-slowdown"),
+        (["--fail-undecided"], "add --max-slowdown"),
+    ],
+)
+def test_bad_arguments(
+    files: dict[str, str], argv: list[str], word: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bad gate options exit 2 before any file is read, naming the option."""
+    with pytest.raises(SystemExit) as info:
+        main(["compare", files["base"], files["slow"], *argv])
+    assert info.value.code == 2
+    assert word in capsys.readouterr().err
+
+
+def test_one_run_or_three_without_the_gate_is_a_bad_command_line(
+    files: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """compare needs BASE NEW; several BASE runs pool only in the gate."""
+    for argv in ([files["base"]], [files["base"], files["same"], files["slow"]]):
+        with pytest.raises(SystemExit) as info:
+            main(["compare", *argv])
+        assert info.value.code == 2
+    assert "pool in the gate only" in capsys.readouterr().err
+    assert (
+        main(["compare", files["base"], files["same"], files["slow"], "--max-slowdown", "0.05"])
+        == 3
+    )
+
+
+# -- HTML ------------------------------------------------------------------------------------------
+def _page_doc(page: str) -> dict[str, object]:
+    match = re.search(
+        r'<script type="application/json" id="cudatimer-data">(.*?)</script>', page, re.S
+    )
+    assert match
+    return json.loads(match.group(1))  # type: ignore[no-any-return]
+
+
+def test_html_shows_the_gates_verdicts(files: dict[str, str], tmp_path: Path) -> None:
+    """html BASE NEW --max-slowdown and html(base=..., max_slowdown=...) show the verdicts
+    and intervals of compare, not a colour per change."""
+    base, slow = cudatimer.load(files["base"]), cudatimer.load(files["slow"])
+    table = _page_doc(render_html(slow, base=base, max_slowdown=0.05))["compare"]
+    assert isinstance(table, dict)
+    titles = [c[1] for c in table["columns"]]
+    assert titles[-2:] == ["97.5% interval", "verdict"]
+    rows = {r[4]: r for r in table["rows"]}
+    assert rows["b"][3] == "slower" and rows["b"][-1] == "slower"
+    assert rows["a"][3] == "" and rows["a"][-1] == "same"
+    assert any("Bonferroni" in n for n in table["notes"])
+    out = tmp_path / "page.html"
+    assert (
+        main(["html", files["base"], files["slow"], "--max-slowdown", "0.05", "-o", str(out)]) == 0
+    )
+    assert _page_doc(out.read_text())["compare"] == table
+    cudatimer.html(tmp_path / "api.html", summary=slow, base=base, max_slowdown=0.05)
+    assert _page_doc((tmp_path / "api.html").read_text())["compare"] == table
+
+
+# -- the pytest fixture ---------------------------------------------------------------------
+_PROJECT_TEST = """
+import os
+import sys
+import time
+
+COLLECTED_WITH_TORCH = "torch" in sys.modules
+
+
+def test_collection_imported_no_torch():
+    assert not COLLECTED_WITH_TORCH
+
+
+def test_speed(cudatimer_gate):
+    slow = float(os.environ.get("SLOW", "1"))
+    for _ in range(20):
+        with cudatimer_gate.region("attention"):
+            time.sleep(0.002 * slow)
+        with cudatimer_gate.region("mlp"):
+            time.sleep(0.001)
+        cudatimer_gate.step()
+"""
+
+
+def _pytest(project: Path, *args: str, slow: float = 1.0) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SLOW": str(slow)}
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "cudatimer_pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            *args,
+        ],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def test_the_fixture_end_to_end(tmp_path: Path) -> None:
+    """The baseline is written when missing; a slowed test fails with the table; the update
+    option writes it anew; collection imports no torch; the folder is ini-settable."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\ncudatimer_baselines = perf/baselines\n")
+    (tmp_path / "test_perf.py").write_text(textwrap.dedent(_PROJECT_TEST))
+    first = _pytest(tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    written = list((tmp_path / "perf" / "baselines").rglob("*.json"))
+    assert len(written) == 1 and written[0].name == "test_speed.json"
+    assert written[0].parent.name == "test_perf.py"
+    assert "cudatimer: wrote 1 baseline(s) in perf" in first.stdout
+    before = written[0].read_text()
+
+    slowed = _pytest(tmp_path, slow=4.0)
+    assert slowed.returncode == 1, slowed.stdout
+    assert "1 failed, 1 passed" in slowed.stdout
+    assert (
+        "cudatimer: gate FAILED" in slowed.stdout
+        and "--cudatimer-update-baselines" in slowed.stdout
+    )
+    line = next(ln for ln in slowed.stdout.splitlines() if ln.startswith("attention"))
+    assert "slower" in line
+    assert written[0].read_text() == before  # a failing test leaves the baseline alone
+
+    update = _pytest(tmp_path, "--cudatimer-update-baselines", slow=4.0)
+    assert update.returncode == 0, update.stdout
+    assert cudatimer.load(written[0])["attention"].cpu_p50_ms > 7.0  # the slowed times
+
+
+def test_the_plugin_is_declared_for_pytest() -> None:
+    """pyproject.toml names the plugin under pytest11, and the wheel includes it."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["entry-points"]["pytest11"] == {"cudatimer": "cudatimer_pytest"}
+    assert "cudatimer_pytest" in project["tool"]["setuptools"]["packages"]["find"]["include"]
+
+
+# -- the benchmark -------------------------------------------------------------------------------
+def test_the_benchmark_smoke_mode(tmp_path: Path) -> None:
+    """benchmarks/gate.py --smoke runs its pairs and writes every figure."""
+    out = tmp_path / "gate.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gate.py"), "--smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    for key in ("single", "pooled"):
+        for variant in ("aa", "slow10", "slow5"):
+            assert 0 <= doc[key][variant]["fails"] <= doc["pairs"] == 2
+            assert len(doc[key][variant]["details"]) == 2
+    assert doc["pooled"]["base_runs"] == 2 and doc["speed"]["best_s"] > 0
+    assert "A/A pairs failing" in proc.stdout
