@@ -49,8 +49,9 @@ from typing import Any
 from ..records._compare import Comparison, RegionVerdict
 from ..records._hist import ALPHA, GAMMA, Histogram
 from ..records._records import Summary
-from ._export import load, write_atomic
+from ._export import load
 from ._report import matches
+from ._write import write_atomic
 
 __all__ = [
     "BATCHES",
@@ -788,4 +789,4 @@ def write_json(c: Comparison, path: str | os.PathLike[str]) -> None:
     import json
 
     text = json.dumps(comparison_to_dict(c), indent=1, allow_nan=False) + "\n"
-    write_atomic(path, lambda f: f.write(text))
+    write_atomic(path, text.encode())
