@@ -29,9 +29,11 @@ from ..core import _core, _device
 from ..core._locks import ForkSafeLock
 from ..records._hist import Histogram
 from ..records._records import RegionStats, Summary
+from ..records._values import EMPTY
 from ..sources import _backward, _capture, _compile, _sync_counts
 from ..sources._source import Source
 from . import _steps
+from ._values import ValueStore
 from ._view import Tree, View
 
 
@@ -113,6 +115,8 @@ class Recorder:
         self.backward = _backward.BackwardRows(self)
         self.syncs = _sync_counts.SyncCounts(self)
         self.sources: tuple[Source, ...] = (self.compiled, self.graphs, self.backward, self.syncs)
+        #: Per-call values other than time (FLOPs, memory), by value column.
+        self.values = ValueStore(self.store, self.lock, keep_steps)
 
     def _slot(self, stack: Any, top: Any, name: str) -> int:
         """The slot of ``name`` under the top of ``stack``. A frame pushed on this thread while
@@ -394,6 +398,7 @@ class Recorder:
             self.store.reset()
             for source in self.sources:
                 source.reset()
+            self.values.reset()
 
     # -- reading ---------------------------------------------------------------------------
     def summary(
@@ -413,9 +418,10 @@ class Recorder:
             source.drain(max(0.0, deadline - time.monotonic()))
         current = store.step
         slot_syncs, sync_sites = self.syncs.read()
+        run_values, step_values = self.values.read()
         windowed = any(v not in (None, 0) for v in window_args.values())
         snap = store.snapshot(series=windowed or step_stats, trace=trace)
-        view = View(self.tree, snap, slot_syncs)
+        view = View(self.tree, snap, slot_syncs, run_values, step_values)
         oldest = snap.kept[0] if snap.kept and len(snap.kept) >= store.keep_steps else None
         window = _steps.select(
             current, oldest, store.keep_steps, dropped=snap.dropped, **window_args
@@ -456,6 +462,7 @@ class Recorder:
                     skipped=s.skipped,
                     depth=tree.depth(s.slot),
                     syncs=view.syncs.get(s.slot, 0) if first else 0,
+                    values=view.values.get((s.slot, s.dev), EMPTY),
                 )
             )
         return tuple(rows)

@@ -308,7 +308,7 @@ class Capture:
                 self.columns.clear()
             self.columns[key] = (
                 (
-                    array("q", [slots[k] for k in keep]),
+                    array("q", [slot for slot in slots if slot is not None]),
                     array("q", [calls[k].enter for k in keep]),
                     array("q", [calls[k].exit for k in keep]),
                 )
