@@ -82,7 +82,8 @@ W_STREAM = 1
 W_DEVICE = 2
 W_SIDE_DEVICE = 4
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# The package's folder (this file is in its recorder/ folder): frames of every cudatimer file.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def clock_name(dev: int) -> str:
@@ -94,7 +95,7 @@ def user_stacklevel() -> int:
     (the C and Python hooks put a different number of frames in between)."""
     frame = sys._getframe(1)
     level = 1
-    while frame is not None and os.path.dirname(frame.f_code.co_filename) == _PACKAGE_DIR:
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back  # type: ignore[assignment]
         level += 1
     return level
