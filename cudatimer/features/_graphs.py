@@ -23,6 +23,10 @@ from ..sources import _capture
 
 __all__ = ["timed_replay"]
 
+# At import, not at first use: a graph's ring must exist before its capture begins, and a
+# program may begin a capture before its first cudatimer call (its first region made inside
+# the capture); set up inside the capture instead, the ring's allocation invalidates it in
+# torch's default capture mode (H200, torch 2.11; docs/design.md, "The seams").
 if not DISABLED_AT_IMPORT:  # CUDATIMER_DISABLE=1: torch's CUDAGraph is left as it is
     _capture.install()
 

@@ -85,13 +85,16 @@ _SYNCHRONIZE_KIND = {
 
 # -- where a frame's code lives ---------------------------------------------------------------
 _USER, _LIBRARY, _OWN = 0, 1, 2
-# The package root (this file is in features/): every cudatimer frame is our own.
+# The package's folder (this file is in its features/ folder): every cudatimer file.
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 #: Frames in these directories are looked through (the location is outside them). Tests add
 #: a fake library here.
 LIBRARY_DIRS: list[str] = [os.path.dirname(os.path.abspath(torch.__file__)) + os.sep]
 # cudatimer files whose frames run user code (wrappers) or are this module: looked through.
-_TRANSPARENT = {os.path.join(_HERE, "regions", "_wrap.py"), os.path.abspath(__file__)}
+_TRANSPARENT = {
+    os.path.join(_HERE, "regions", "_wrap.py"),
+    os.path.join(_HERE, "features", "_syncs.py"),
+}
 # Code torch generates (torch.fx GraphModule forwards) counts as torch.
 _LIBRARY_PSEUDO_FILES = ("<eval_with_key>",)
 _file_kind: dict[str, int] = {}
@@ -282,7 +285,7 @@ def _on_sync(mechanism: str) -> int:
     else:
         timers = live_timers()
     # Cheap before the stack walk: most syncs of a program happen outside any region.
-    timers = [t for t in timers if t.recorder.store.enabled and t.recorder.open_here()]
+    timers = [t for t in timers if t.recorder.store.enabled and t.recorder.syncs.open_here()]
     if not timers:
         return 0
     _busy.on = True
@@ -293,7 +296,7 @@ def _on_sync(mechanism: str) -> int:
         location = f"{frame.f_code.co_filename}:{frame.f_lineno}"
         kind = _kind(mechanism, frame)
         del frame
-        return sum(1 for t in timers if t.recorder.note_sync(kind, location))
+        return sum(1 for t in timers if t.recorder.syncs.note(kind, location))
     finally:
         _busy.on = False
 

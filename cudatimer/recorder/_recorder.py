@@ -8,6 +8,9 @@ detached regions (coroutines, backward hooks). It records through the core's pri
 (``Stack``, ``StreamRec``, ``Store.record``), so every sample ends in the one store.
 
 ``Recorder.summary`` turns a store snapshot into frozen records: per report, never per region.
+The boundary sources (compile marks, graph captures, backward rows, sync counts) each keep
+this recorder's state of theirs in one object of ``Recorder.sources``, which the summary and
+``reset()`` loop over (``sources._source.Source``).
 """
 
 from __future__ import annotations
@@ -25,9 +28,12 @@ import torch
 from ..core import _core, _device
 from ..core._locks import ForkSafeLock
 from ..records._hist import Histogram
-from ..records._records import RegionStats, Summary, SyncSite
-from ..sources import _capture
+from ..records._records import RegionStats, Summary
+from ..records._values import EMPTY
+from ..sources import _backward, _capture, _compile, _sync_counts
+from ..sources._source import Source
 from . import _steps
+from ._values import ValueStore
 from ._view import Tree, View
 
 
@@ -76,11 +82,8 @@ W_STREAM = 1
 W_DEVICE = 2
 W_SIDE_DEVICE = 4
 
-# The package root (this file is in recorder/): frames under it are cudatimer's own.
+# The package's folder (this file is in its recorder/ folder): frames of every cudatimer file.
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-# Sync counting is rare (detect_syncs) and brief.
-_sync_lock = ForkSafeLock()
 
 
 def clock_name(dev: int) -> str:
@@ -104,11 +107,17 @@ class Recorder:
     def __init__(self, keep_steps: int, trace_samples: int) -> None:
         self.tree = Tree()
         self.store = _core.Store(keep_steps, trace_samples, _steps.STEP_SAMPLE_CAP, self.tree.child)
-        # Synchronisations seen by detect_syncs(): per slot, and {(location, kind, slot): n}.
-        self.slot_syncs: dict[int, int] = {}
-        self.sync_sites: dict[tuple[str, str, int], int] = {}
-        # Fixed paths of detached regions (begin_at) -> (generation, slot).
-        self._fixed: dict[tuple[str, ...], tuple[int, int]] = {}
+        # Taken by reset() and by the sources' rare, brief sections (a sync counted) that must
+        # not straddle it.
+        self.lock = ForkSafeLock()
+        # The boundary sources, each holding this recorder's state of it.
+        self.compiled = _compile.CompileNotes()
+        self.graphs = _capture.Graphs(self)
+        self.backward = _backward.BackwardRows(self)
+        self.syncs = _sync_counts.SyncCounts(self)
+        self.sources: tuple[Source, ...] = (self.compiled, self.graphs, self.backward, self.syncs)
+        #: Per-call values other than time (FLOPs, memory), by value column.
+        self.values = ValueStore(self.store, self.lock, keep_steps)
 
     def _slot(self, stack: Any, top: Any, name: str) -> int:
         """The slot of ``name`` under the top of ``stack``. A frame pushed on this thread while
@@ -151,7 +160,7 @@ class Recorder:
             try:
                 rec = _device.current_rec()
                 if rec is None:  # capturing a CUDA graph: timestamps in the graph
-                    stack.push(self._captured(r, stack, slot, gen, None))
+                    stack.push(self.graphs.frame(r, stack, slot, gen, None))
                     return
                 start = rec.take()
             except BaseException:
@@ -243,35 +252,11 @@ class Recorder:
         stack = store.stack()
         top = stack.top()
         gen = store.gen  # before the slot (see reset)
-        return self._detached(r, stack, self._slot(stack, top, r.name), gen)
+        return self.detached(r, stack, self._slot(stack, top, r.name), gen)
 
-    def begin_at(self, r: Region, path: tuple[str, ...]) -> Any:
-        """``begin`` at a fixed path from the tree's root, whatever is open on this thread
-        (backward rows: autograd's threads have nothing open, the CPU's caller has the region
-        around ``loss.backward()``). The path's slot is cached per generation: one dict hit."""
-        store = self.store
-        if _is_compiling() or not store.enabled:
-            return None
-        gen = store.gen  # before the slot (see reset)
-        cached = self._fixed.get(path)
-        if cached is not None and cached[0] == gen:
-            slot = cached[1]
-        else:
-            slot = self._fixed_slot(path)
-            self._fixed[path] = (gen, slot)
-        return self._detached(r, store.stack(), slot, gen)
-
-    def _fixed_slot(self, path: tuple[str, ...]) -> int:
-        while True:
-            try:
-                slot = -1
-                for name in path:
-                    slot = self.tree.child(slot, name)
-                return slot
-            except KeyError:  # another thread's reset() pruned a parent just made: again
-                continue
-
-    def _detached(self, r: Region, stack: Any, slot: int, gen: int) -> Any:
+    def detached(self, r: Region, stack: Any, slot: int, gen: int) -> Any:
+        """The frame of a detached region at ``slot`` (``begin``, and backward rows at their
+        fixed paths through ``BackwardRows.begin_at``)."""
         # The common case in one core call; the general path below for the rest. Backward
         # rows open and close here inside autograd's pass: on the H200 machine's GPT-2 step
         # (67 hooks a step, benchmarks/backward_cost.py) the step read 0.95x of what it read
@@ -288,56 +273,9 @@ class Recorder:
         if r.events and _device.usable():
             rec = _device.current_rec()
             if rec is None:
-                return self._captured(r, stack, slot, gen, rid)
+                return self.graphs.frame(r, stack, slot, gen, rid)
             return _core.Frame(r, slot, gen, _TIMED, rec, rec.take(), _now(), range_id=rid)
         return _core.Frame(r, slot, gen, _HOST, t0_ns=_now(), range_id=rid)
-
-    def _captured(self, r: Region, stack: Any, slot: int, gen: int, rid: Any) -> Any:
-        """The frame of a region entered while its stream captures a CUDA graph: a timestamp
-        in the graph (``_capture``), or, in a capture begun outside torch's ``CUDAGraph`` or
-        without room left, host time counted as skipped."""
-        cap = _capture.current()
-        if cap is not None:
-            names: tuple[str, ...] = (r.name,)
-            inner: list[str] = []
-            for f in reversed(stack.frames()):
-                if f.kind == _GRAPH and f.start.capture is cap:
-                    names = (*f.start.names, *reversed(inner), r.name)
-                    break
-                inner.append(f.region.name)
-            call = cap.open(self, names)
-            if call is not None:
-                return _core.Frame(r, slot, gen, _GRAPH, start=call, t0_ns=_now(), range_id=rid)
-        return _core.Frame(r, slot, gen, _SKIP, t0_ns=_now(), range_id=rid)
-
-    def replay_context(self) -> tuple[int, int, int] | None:
-        """Where a graph replay launched now puts this Timer's captured regions: (parent
-        slot, generation, step), or None while the Timer is off."""
-        store = self.store
-        if not store.enabled:
-            return None
-        stack = store.stack()
-        gen = store.gen  # before the slot (see reset)
-        top = stack.top()
-        if top is not None and top.kind == _ORPHAN:  # rare: not a call per replay
-            top = _live_top(stack)
-        return (top.slot if top is not None else stack.base, gen, store.step)
-
-    def graph_slots(self, parent: int, paths: list[tuple[str, ...] | None]) -> list[int | None]:
-        """The slots of captured regions' paths under ``parent`` (None: no path given, or a
-        parent a reset() forgot)."""
-        out: list[int | None] = []
-        for names in paths:
-            slot: int | None = None
-            if names is not None:
-                try:
-                    slot = parent
-                    for name in names:
-                        slot = self.tree.child(slot, name)
-                except KeyError:
-                    slot = None
-            out.append(slot)
-        return out
 
     def end(self, r: Region, token: Any) -> None:
         if token is not None and not r.close(token):
@@ -441,22 +379,9 @@ class Recorder:
         step = self.store.step
         rec.push(self.store, f.slot, f.gen, f.start, end, tuple(extra), f.t0_ns, t1, step, tid)
 
-    # -- synchronisations (detect_syncs) -------------------------------------------------
-    def open_here(self) -> int:
-        """Regions of this Timer open on the calling thread."""
-        return len(self.store.stack())
-
-    def note_sync(self, kind: str, location: str) -> bool:
-        """Count one host-device synchronisation against the innermost region open on this
-        thread; False (nothing counted) when no region of this Timer is open here."""
-        top = self.store.stack().top()
-        if top is None or top.gen != self.store.gen:
-            return False
-        with _sync_lock:
-            self.slot_syncs[top.slot] = self.slot_syncs.get(top.slot, 0) + 1
-            key = (location, kind, top.slot)
-            self.sync_sites[key] = self.sync_sites.get(key, 0) + 1
-        return True
+    def live_top(self, stack: Any) -> Any:
+        """The innermost live frame of ``stack`` (the sources' ``Host``)."""
+        return _live_top(stack)
 
     def bury(self, grave: list[Any]) -> None:
         """In a forked child: regions open on this thread at the fork close on the host clock
@@ -465,14 +390,16 @@ class Recorder:
 
     # -- switches --------------------------------------------------------------------------
     def reset(self) -> None:
-        """Forget every result, and the region paths no open region uses. The tree is pruned
-        before the store's generation moves on, so every slot taken under the new generation
-        (a region's cached slot is checked against it) is in the pruned tree."""
-        with _sync_lock:
+        """Forget every result and note, the sources' included, and the region paths no open
+        region uses. The tree is pruned before the store's generation moves on, so every slot
+        taken under the new generation (a region's cached slot is checked against it) is in
+        the pruned tree."""
+        with self.lock:
             self.tree.prune(self.store.open_slots())
             self.store.reset()
-            self.slot_syncs = {}
-            self.sync_sites = {}
+            for source in self.sources:
+                source.reset()
+            self.values.reset()
 
     # -- reading ---------------------------------------------------------------------------
     def summary(
@@ -488,14 +415,14 @@ class Recorder:
         _steps.select(store.step, None, store.keep_steps, **window_args)  # bad input fails early
         deadline = time.monotonic() + timeout_s
         _device.drain(timeout_s)
-        _capture.drain(self, max(0.0, deadline - time.monotonic()))
+        for source in self.sources:
+            source.drain(max(0.0, deadline - time.monotonic()))
         current = store.step
-        with _sync_lock:
-            slot_syncs = dict(self.slot_syncs)
-            sites = dict(self.sync_sites)
+        slot_syncs, sync_sites = self.syncs.read()
+        run_values, step_values = self.values.read()
         windowed = any(v not in (None, 0) for v in window_args.values())
         snap = store.snapshot(series=windowed or step_stats, trace=trace)
-        view = View(self.tree, snap, slot_syncs)
+        view = View(self.tree, snap, slot_syncs, run_values, step_values)
         oldest = snap.kept[0] if snap.kept and len(snap.kept) >= store.keep_steps else None
         window = _steps.select(
             current, oldest, store.keep_steps, dropped=snap.dropped, **window_args
@@ -503,22 +430,14 @@ class Recorder:
         regions = _steps.window_regions(view, window) if window is not None else self._regions(view)
         per_step = _steps.step_stats(view, window) if step_stats else ()
         samples = _steps.trace_samples(view, window) if trace else ()
-        tree = self.tree
-        sync_sites = tuple(
-            SyncSite(location=loc, kind=kind, region=tree.path(slot), count=n)
-            for (loc, kind, slot), n in sorted(
-                sites.items(), key=lambda it: (-it[1], it[0][0], it[0][1], tree.path(it[0][2]))
-            )
-        )
         if window is not None:
             meta += _steps.window_meta(window)
-        graph_note = _capture.lost_note(self)
-        if graph_note:
-            meta += (("graph_note", graph_note),)
+        for source in self.sources:
+            meta += source.notes()
         return Summary(
             regions=regions,
             sync_sites=sync_sites,
-            pending=store.pending() + _capture.pending(self),
+            pending=store.pending() + sum(source.pending() for source in self.sources),
             open=len(store.stack()),
             steps=current if window is None else len(window),
             meta=meta,
@@ -544,6 +463,7 @@ class Recorder:
                     skipped=s.skipped,
                     depth=tree.depth(s.slot),
                     syncs=view.syncs.get(s.slot, 0) if first else 0,
+                    values=view.values.get((s.slot, s.dev), EMPTY),
                 )
             )
         return tuple(rows)

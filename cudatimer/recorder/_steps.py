@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..records._hist import HistBuilder
 from ..records._records import RegionStats, StepStats, TraceSample
+from ..records._values import EMPTY, Values
 
 if TYPE_CHECKING:
     from ._view import View
@@ -192,8 +193,14 @@ def select(
 
 
 def window_regions(view: View, window: Window) -> tuple[RegionStats, ...]:
-    """Region statistics of the steps in ``window``, from the raw per-step samples."""
+    """Region statistics of the steps in ``window``, from the raw per-step samples (and the
+    per-call values of those steps, merged)."""
     merged: dict[tuple[int, int], tuple[HistBuilder, HistBuilder]] = {}
+    values: dict[tuple[int, int], Values] = {}
+    for step, per_step_values in view.step_values.items():
+        if step in window:
+            for key, v in per_step_values.items():
+                values[key] = values[key].merge(v) if key in values else v
     for step, per_step in view.steps().items():
         if step not in window:
             continue
@@ -223,6 +230,7 @@ def window_regions(view: View, window: Window) -> tuple[RegionStats, ...]:
                 depth=tree.depth(slot),
                 # not kept per step: the whole run's count
                 syncs=view.syncs.get(slot, 0) if first else 0,
+                values=values.get(key, EMPTY),
             )
         )
     return tuple(regions)

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..core._locks import ForkSafeLock
+from ..records._values import Values
 
 # Taken on a cache miss of child() and by prune(), never on a hit.
 _lock = ForkSafeLock()
@@ -110,10 +111,20 @@ class Tree:
 class View:
     """A store snapshot read against the tree: what windows, step records and the trace use."""
 
-    def __init__(self, tree: Tree, snap: Any, syncs: dict[int, int]) -> None:
+    def __init__(
+        self,
+        tree: Tree,
+        snap: Any,
+        syncs: dict[int, int],
+        values: dict[tuple[int, int], Values] | None = None,
+        step_values: dict[int, dict[tuple[int, int], Values]] | None = None,
+    ) -> None:
         self.tree = tree
         self.snap = snap
         self.syncs = syncs
+        # Per-call values other than time per (slot, dev): the whole run's, each kept step's.
+        self.values = values or {}
+        self.step_values = step_values or {}
         rank = {slot: i for i, slot in enumerate(tree.order())}
         # (slot, dev) in report order: tree order, then the order each clock was first seen.
         self.order: dict[tuple[int, int], int] = {

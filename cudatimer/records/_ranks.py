@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ._hist import Histogram
 from ._records import RegionStats, Summary, find_row, only_row, row_names
+from ._values import EMPTY, Values
 
 __all__ = ["RankSummary", "RankedRegion", "clock_kind"]
 
@@ -33,8 +34,10 @@ def _fold(records: list[RegionStats]) -> RegionStats:
     for h in gpus:
         gpu = h if gpu is None else gpu.merge(h)
     cpu = records[0].cpu
+    values = records[0].values
     for r in records[1:]:
         cpu = cpu.merge(r.cpu)
+        values = values.merge(r.values)
     return RegionStats(
         name=records[0].name,
         clock="+".join(r.clock for r in records),
@@ -44,6 +47,7 @@ def _fold(records: list[RegionStats]) -> RegionStats:
         skipped=sum(r.skipped for r in records),
         depth=records[0].depth,
         syncs=sum(r.syncs for r in records),
+        values=values,
     )
 
 
@@ -65,7 +69,8 @@ class RankedRegion:
     the region (absent ranks are not counted as zero). ``skew`` is max / median of the per-rank
     totals (1.0 when every rank spent the same; ``inf`` when the median is 0), ``slowest_rank``
     the rank with the largest total. ``gpu``/``cpu`` are the ranks' histograms merged exactly,
-    so ``p50_ms``... are percentiles of all samples of all ranks (within ``ALPHA``).
+    so ``p50_ms``... are percentiles of all samples of all ranks (within ``ALPHA``);
+    ``values`` the ranks' per-call values merged.
 
     >>> from cudatimer import Histogram, RegionStats, Summary
     >>> def one(ms):
@@ -86,6 +91,7 @@ class RankedRegion:
     absent: tuple[int, ...] = field(init=False, compare=False)
     gpu: Histogram | None = field(init=False, compare=False)
     cpu: Histogram = field(init=False, compare=False)
+    values: Values = field(init=False, compare=False, repr=False)
     total_min_ms: float = field(init=False, compare=False)
     total_median_ms: float = field(init=False, compare=False)
     total_max_ms: float = field(init=False, compare=False)
@@ -116,12 +122,15 @@ class RankedRegion:
         )
         gpu: Histogram | None = None
         cpu = Histogram()
+        values = EMPTY
         for r in present:
             if r.gpu is not None:
                 gpu = r.gpu if gpu is None else gpu.merge(r.gpu)
             cpu = cpu.merge(r.cpu)
+            values = values.merge(r.values)
         put(self, "gpu", gpu)
         put(self, "cpu", cpu)
+        put(self, "values", values)
         timed = [
             (rank, h)
             for rank, r in zip(self.ranks, self.per_rank, strict=True)
@@ -266,6 +275,7 @@ class RankSummary:
                     skipped=sum(r.skipped for r in present),
                     depth=row.depth,
                     syncs=sum(r.syncs for r in present),
+                    values=row.values,
                 )
             )
         return Summary(

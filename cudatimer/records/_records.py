@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from ._hist import Histogram
+from ._values import EMPTY, Values
 
 SCHEMA_VERSION = 1
 
@@ -55,7 +56,8 @@ class RegionStats:
     ``"host"`` when it was timed on the host clock (no CUDA, a forked child, ``clock="host"``).
     GPU fields are ``None`` on the host clock. GPU time is the span between the start and end
     events on the region's stream, idle gaps included; CPU time is the host wall time between
-    enter and exit.
+    enter and exit. ``values`` holds the row's per-call values other than time, by column
+    (``records/_values.py``; empty unless a feature records some).
     """
 
     name: str
@@ -66,6 +68,7 @@ class RegionStats:
     skipped: int = 0  # calls with no GPU timing (e.g. entered during CUDA graph capture)
     depth: int = 0
     syncs: int = 0  # host-device synchronisations seen inside it (detect_syncs)
+    values: Values = field(default=EMPTY, repr=False)  # per-call values by column name
 
     # Derived, filled in __post_init__ so they are plain fields in asdict()/DataFrames.
     gpu_total_ms: float | None = field(init=False)
@@ -130,6 +133,7 @@ class RegionStats:
             skipped=self.skipped + other.skipped,
             depth=self.depth,
             syncs=self.syncs + other.syncs,
+            values=self.values.merge(other.values),
         )
 
 

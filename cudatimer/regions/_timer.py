@@ -19,7 +19,6 @@ import math
 import os
 import threading
 import warnings
-import weakref
 from collections.abc import Callable, Iterable
 from typing import IO, Any, Literal, TypedDict, TypeVar
 
@@ -31,6 +30,7 @@ from ..core import _core, _device
 from ..recorder._recorder import Recorder
 from ..records._records import StepStats, Summary
 from ..sources import _backward, _compile
+from ..sources._source import TIMERS
 from . import _output
 from ._machine import machine_meta
 from ._nvtx import Domain, resolve_color
@@ -408,9 +408,9 @@ class Timer:
         self.trace_samples = trace_samples
         self._regions: dict[str, Region] = {}  # NULL_REGION under CUDATIMER_DISABLE
         self._samplers: dict[tuple[str, int], itertools.count[int]] = {}  # every=N call counters
-        #: This Timer's number for regions inside torch.compile'd code (see ``_compile``).
-        self.compile_key = _compile.timer_key(self)
-        _TIMERS.add(self)
+        #: This Timer's number in the one registry of Timers (``sources._source.TIMERS``),
+        #: by which regions inside torch.compile'd code name it.
+        self.compile_key = TIMERS.add(self)
 
     # -- building regions -------------------------------------------------------------------
     def region(self, name: str, **options: Unpack[RegionOptions]) -> Region:
@@ -674,9 +674,6 @@ class Timer:
             ("torch", str(torch.__version__)),
             *machine_meta(),
         )
-        left_out = _compile.left_out(self.compile_key)
-        if left_out:
-            meta += (("compile_note", left_out),)
         for key, note in (
             ("disabled_note", _disabled_note(self.recorder.store.enabled)),
             ("core_note", _core_note()),
@@ -702,7 +699,9 @@ class Timer:
         """Forget every result of this Timer. Samples still on the GPU are discarded when they
         finish (their events go back to the pool); regions open now are not recorded, regions
         opened from now on are (inside those, too). The Region objects and paths the Timer
-        cached are released (a region held elsewhere, by a decorator, keeps working)."""
+        cached are released (a region held elsewhere, by a decorator, keeps working). The
+        notes of the boundary sources (regions left out of compiled code, graph replays lost)
+        go with the results."""
         self._regions = {}
         self._samplers = {}
         self.recorder.reset()
@@ -741,17 +740,15 @@ class Timer:
         _output.html(self, path, options)
 
 
-#: Every live Timer (sync detection, the report at exit and fork handling look them up).
-_TIMERS: weakref.WeakSet[Timer] = weakref.WeakSet()
-
-
 def live_timers() -> list[Timer]:
-    """Every Timer alive now (sync detection and the report at exit look them up)."""
-    return list(_TIMERS)
+    """Every Timer alive now, oldest first (sync detection and the report at exit look them
+    up in the one registry, ``sources._source.TIMERS``)."""
+    timers: list[Timer] = TIMERS.live()
+    return timers
 
 
 def _bury_open_frames(grave: list[Any]) -> None:
-    for timer in list(_TIMERS):
+    for timer in live_timers():
         timer.recorder.bury(grave)
 
 

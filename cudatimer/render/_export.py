@@ -2,9 +2,12 @@
 pandas DataFrames of regions, steps or trace samples.
 
 JSON floats are written with ``repr`` and read back bit for bit, so ``load(save(s)) == s``,
-histogram buckets (hence every percentile) included. Per-step and trace rows are stored as
-``{"columns": [...], "rows": [[...], ...]}`` with one row per line: a run of 1,000 steps of 50
-regions is 50,000 rows, which one object per row would make several times larger.
+histogram buckets (hence every percentile) included. A region's per-call values other than
+time (``records/_values.py``) are an optional ``"values"`` object beside its histograms, and
+``<column>_<stat>`` table columns for the value columns a summary holds. Per-step and trace
+rows are stored as ``{"columns": [...], "rows": [[...], ...]}`` with one row per line: a run
+of 1,000 steps of 50 regions is 50,000 rows, which one object per row would make several
+times larger.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from itertools import accumulate
 from typing import IO, Any
 
+from ..records import _values
 from ..records._hist import ALPHA, INV_LOG_GAMMA, Histogram
 from ..records._records import (
     SCHEMA_VERSION,
@@ -29,6 +33,7 @@ from ..records._records import (
     SyncSite,
     TraceSample,
 )
+from ..records._values import Column, Tally, Values
 from ._write import check_path, to_file, to_path
 
 FORMAT = "cudatimer.summary"
@@ -81,6 +86,8 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
                 "syncs": r.syncs,
                 "gpu": r.gpu.to_dict() if r.gpu is not None else None,
                 "cpu": r.cpu.to_dict(),
+                # Only where a feature recorded values: files without them stay as they were.
+                **({"values": _values_dict(r.values)} if r.values else {}),
             }
             for r in summary.regions
         ],
@@ -108,6 +115,13 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
             }
             for c in summary.backward_coverage
         ],
+    }
+
+
+def _values_dict(values: Values) -> dict[str, dict[str, float | int]]:
+    return {
+        name: {"count": t.count, "total": t.total, "min": t.min, "max": t.max}
+        for name, t in values.items()
     }
 
 
@@ -286,6 +300,32 @@ def _table(data: Mapping[str, Any], key: str, columns: tuple[str, ...]) -> Itera
         yield dict(zip(names, row, strict=True))
 
 
+def _values_of(value: object, where: str) -> Values:
+    """A region's optional ``"values"`` (absent in files without values: none)."""
+    if value is None:
+        return Values()
+    out = {}
+    for name, data in _obj(value, where).items():
+        at = f"{where}[{name!r}]"
+        if not _value_name(name):
+            raise _bad(f"{where} key", "a value column's name (lower case, digits, '_')", name)
+        t = _obj(data, at)
+        count = _int(t.get("count"), f"{at}.count", 1)
+        low, high = _float(t.get("min"), f"{at}.min"), _float(t.get("max"), f"{at}.max")
+        if low > high:
+            raise ValueError(f"{at}: min {low!r} is larger than max {high!r}")
+        out[name] = Tally(count, _float(t.get("total"), f"{at}.total"), low, high)
+    return Values(out)
+
+
+def _value_name(name: str) -> bool:
+    try:
+        Column(name)
+    except ValueError:
+        return False
+    return True
+
+
 def _region(value: object, where: str) -> RegionStats:
     r = _obj(value, where)
     gpu = r.get("gpu")
@@ -298,6 +338,7 @@ def _region(value: object, where: str) -> RegionStats:
         skipped=_int(r.get("skipped", 0), f"{where}.skipped"),
         depth=_int(r.get("depth", 0), f"{where}.depth"),
         syncs=_int(r.get("syncs", 0), f"{where}.syncs"),
+        values=_values_of(r.get("values"), f"{where}.values"),
     )
 
 
@@ -453,8 +494,15 @@ def check_what(what: object) -> str:
     return str(what)
 
 
+def value_columns(summary: Summary) -> tuple[Column, ...]:
+    """The value columns ``summary``'s regions hold values of (none: the tables are as
+    without the value seam)."""
+    return _values.columns({name for r in summary.regions for name in r.values})
+
+
 def table(summary: Summary, what: str = "regions") -> tuple[tuple[str, ...], list[list[Any]]]:
-    """Column names and rows of ``summary``'s regions, step stats or trace samples."""
+    """Column names and rows of ``summary``'s regions, step stats or trace samples; region
+    rows end with the fields of ``value_columns`` (empty where a row has no such value)."""
     if not isinstance(summary, Summary):
         raise TypeError(f"summary must be a cudatimer.Summary, got {type(summary).__name__}")
     what = check_what(what)
@@ -462,7 +510,14 @@ def table(summary: Summary, what: str = "regions") -> tuple[tuple[str, ...], lis
         return STEP_COLUMNS, [list(dataclasses.astuple(s)) for s in summary.step_stats]
     if what == "trace":
         return TRACE_COLUMNS, [list(dataclasses.astuple(t)) for t in summary.trace]
-    return REGION_COLUMNS, [[getattr(r, c) for c in REGION_COLUMNS] for r in summary.regions]
+    extra = value_columns(summary)
+    names = REGION_COLUMNS + tuple(f for c in extra for f in c.fields())
+    rows = [
+        [getattr(r, c) for c in REGION_COLUMNS]
+        + [cell for c in extra for cell in c.row(r.values.get(c.name))]
+        for r in summary.regions
+    ]
+    return names, rows
 
 
 def render_csv(summary: Summary, what: str = "regions") -> str:
@@ -499,7 +554,8 @@ def to_dataframe(summary: Summary, *, what: str = "regions") -> Any:
             "(to_csv() and save() need nothing extra)"
         ) from exc
     nan = float("nan")
-    numeric = [c.endswith("_ms") or c == "stream" for c in columns]
+    valued = {f for c in value_columns(summary) for f in c.fields()} if what == "regions" else set()
+    numeric = [c.endswith("_ms") or c == "stream" or c in valued for c in columns]
     rows = [
         [nan if v is None and num else v for v, num in zip(row, numeric, strict=True)]
         for row in rows

@@ -27,10 +27,12 @@ from typing import Any
 
 import torch
 
+from ..core._locks import ForkSafeLock
 from . import _compile
 from ._compile import tensors_in
+from ._source import TIMERS, Host
 
-__all__ = ["Site", "hooking", "seq_now", "watch"]
+__all__ = ["BackwardRows", "Site", "hooking", "seq_now", "watch"]
 
 # The next node number of this thread (torch 2.x). Without it every row closes at the end of
 # its backward pass: 0 is before every node.
@@ -50,16 +52,80 @@ _MAX_OUTPUTS = 8
 _MAX_WALK = 256
 
 
+class BackwardRows:
+    """This source's state for one recorder (``Recorder.backward``): the slots of its rows'
+    fixed paths, and its sites as compiled code numbers them (``Source``)."""
+
+    __slots__ = ("_fixed", "_lock", "host", "sites")
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        # Fixed paths of backward rows -> (generation, slot): one dict hit a row.
+        self._fixed: dict[tuple[str, ...], tuple[int, int]] = {}
+        # A site's number in compiled code -> the site. Never cleared: a module hooked before
+        # a reset() keeps its number, and Dynamo may trace it again after.
+        self.sites: list[Site] = []
+        self._lock = ForkSafeLock()
+
+    def begin_at(self, r: Any, path: tuple[str, ...]) -> Any:
+        """``Recorder.begin`` at a fixed path from the tree's root, whatever is open on this
+        thread (autograd's threads have nothing open, the CPU's caller has the region around
+        ``loss.backward()``). Returns the token ``Recorder.end`` takes (None: nothing)."""
+        store = self.host.store
+        if _is_compiling() or not store.enabled:
+            return None
+        gen = store.gen  # before the slot (see Recorder.reset)
+        cached = self._fixed.get(path)
+        if cached is not None and cached[0] == gen:
+            slot = cached[1]
+        else:
+            slot = self._fixed_slot(path)
+            self._fixed[path] = (gen, slot)
+        return self.host.detached(r, store.stack(), slot, gen)
+
+    def _fixed_slot(self, path: tuple[str, ...]) -> int:
+        tree = self.host.tree
+        while True:
+            try:
+                slot = -1
+                for name in path:
+                    slot = tree.child(slot, name)
+                return slot
+            except KeyError:  # another thread's reset() pruned a parent just made: again
+                continue
+
+    def number(self, site: Site) -> int:
+        """``site``'s number among this recorder's sites (compiled code carries it)."""
+        with self._lock:
+            self.sites.append(site)
+            return len(self.sites) - 1
+
+    # -- Source ---------------------------------------------------------------------------
+    def drain(self, timeout_s: float) -> None:
+        """Nothing to fold: a row records into the store when it closes."""
+
+    def pending(self) -> int:
+        return 0
+
+    def notes(self) -> tuple[tuple[str, str], ...]:
+        return ()
+
+    def reset(self) -> None:
+        """The cached slots name paths of the old generation (their slots may be pruned)."""
+        self._fixed = {}
+
+
 class Site:
     """One backward row: the region that records it and its fixed path from the tree's root
     (``("Net.backward", "layers.0", "attn")``)."""
 
-    __slots__ = ("path", "rec", "region", "store")
+    __slots__ = ("path", "rec", "region", "rows", "store")
 
     def __init__(self, region: Any, path: tuple[str, ...]) -> None:
         self.region = region
         self.path = path
         self.rec = region.timer.recorder
+        self.rows: BackwardRows = self.rec.backward
         self.store = self.rec.store
 
 
@@ -122,7 +188,7 @@ def _fire(seq: int, calls: list[tuple[int, Site]], marked: bool = False) -> None
         site.rec.end(site.region, token)
     for i in range(len(calls) - 1, -1, -1):  # outermost call first
         first, site = calls[i]
-        token = site.rec.begin_at(site.region, site.path)
+        token = site.rows.begin_at(site.region, site.path)
         row = (first, site, token)
         if rows and rows[-1][0] > first:
             # An outer call's row opening after an inner one's: their calls returned the
@@ -249,8 +315,6 @@ def _edges(node: Any, first: int) -> list[Any]:
 # gradients, which the graph computes anyway.
 
 _ticks = itertools.count()
-_SITES: list[Site] = []  # a site's number in compiled code -> the site
-_sites_lock = threading.Lock()
 
 
 class _Call:
@@ -282,10 +346,14 @@ def _tick() -> int:
 
 @_compile.constant
 def _call_key(site: str, first: int) -> int:
-    """The mark key of a call of the site numbered ``site`` that began at ``first`` and ends
-    now. The number as a str: under ``dynamic=True`` Dynamo makes an int read from a closure a
-    symbol, which a constant function refuses (torch 2.13)."""
-    return _compile.key_of(_Call(_SITES[int(site)], first, next(_ticks)))
+    """The mark key of a call of the site numbered ``site`` ("timer.site": its Timer's
+    ``compile_key`` and its number there) that began at ``first`` and ends now. A str: under
+    ``dynamic=True`` Dynamo makes an int read from a closure a symbol, which a constant
+    function refuses (torch 2.13)."""
+    timer, number = site.split(".")
+    owner = TIMERS.get(int(timer))  # alive: its module is being traced
+    assert owner is not None
+    return _compile.key_of(_Call(owner.recorder.backward.sites[int(number)], first, next(_ticks)))
 
 
 class _Boundary(torch.autograd.Function):
@@ -360,9 +428,7 @@ def hooking(forward: Callable[..., Any], site: Site, bounded: bool = False) -> C
     # The site's number in compiled code ("": no marks on this torch, or CUDATIMER_COMPILE=0).
     number = ""
     if _compile.SUPPORTED:
-        with _sites_lock:
-            number = str(len(_SITES))
-            _SITES.append(site)
+        number = f"{site.region.timer.compile_key}.{site.rows.number(site)}"
 
     def forward_timing_backward(*args: Any, **kwargs: Any) -> Any:
         if _dynamo_compiling():

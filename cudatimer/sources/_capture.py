@@ -41,21 +41,21 @@ from typing import Any
 
 from ..core import _core, _device
 from ..core._locks import ForkSafeLock
+from ._source import Host
 
 _now = _core.now_ns
 _get_ident = threading.get_ident
+_GRAPH, _SKIP, _ORPHAN = _core.GRAPH, _core.SKIP, _core.ORPHAN
 
 __all__ = [
     "DEFAULT_CAP",
     "Call",
     "Capture",
+    "Graphs",
     "capture_begin",
     "capture_end",
     "current",
-    "drain",
     "install",
-    "lost_note",
-    "pending",
     "replay",
     "timestamps",
 ]
@@ -78,11 +78,11 @@ cap_words = DEFAULT_CAP  # tests make it small
 
 @dataclass(eq=False)
 class Call:
-    """One region call captured into a graph: its recorder, its path from the capture's base,
-    and its two timestamps (``exit`` -1 while it is open)."""
+    """One region call captured into a graph: its recorder's ``Graphs``, its path from the
+    capture's base, and its two timestamps (``exit`` -1 while it is open)."""
 
     capture: Capture
-    recorder: Any
+    recorder: Graphs
     names: tuple[str, ...]
     enter: int
     exit: int = -1
@@ -126,10 +126,9 @@ class Capture:
     cap: int
     n: int = 0
     calls: list[Call] = field(default_factory=list)
-    recorders: list[Any] = field(default_factory=list)
+    recorders: list[Graphs] = field(default_factory=list)  # of the Timers with calls in it
     position: Any = None
     ended: bool = False
-    full: int = 0  # region calls left out: the ring had no room for their timestamps
     # Replays: issued (host count), read (the first not read), their host context, lost.
     replays: int = 0
     read: int = 0
@@ -137,7 +136,6 @@ class Capture:
     t0: array[int] = field(default_factory=lambda: array("q"))  # launch ns of replays read..
     per_recorder: list[int] = field(default_factory=list)  # timed calls of each recorder
     half: int = 1  # replays between two copies: half the ring
-    lost: dict[int, int] = field(default_factory=dict)  # id(recorder) -> region calls lost
     copies: deque[Any] = field(default_factory=deque)  # in flight, oldest first
     copy_at: int = 0  # replays launched when the newest copy began
     streams: dict[int, Any] = field(default_factory=dict)  # replay streams, for the report
@@ -164,10 +162,10 @@ class Capture:
         self.position = self.stamps.position()
         return k
 
-    def open(self, recorder: Any, names: tuple[str, ...]) -> Call | None:
+    def open(self, recorder: Graphs, names: tuple[str, ...]) -> Call | None:
         k = self.boundary()
         if k < 0:
-            self.full += 1
+            recorder.full += 1
             return None
         call = Call(self, recorder, names, k)
         if not any(r is recorder for r in self.recorders):
@@ -180,7 +178,7 @@ class Capture:
             return  # closed outside its capture: it has no exit timestamp, left out
         k = self.boundary()
         if k < 0:
-            self.full += 1
+            call.recorder.full += 1
             return
         call.exit = k
 
@@ -259,9 +257,8 @@ class Capture:
         lost_end = max(self.read, min(first_whole, stop))
         for a, b, where in self._segments(self.read, lost_end):
             for r_index, w in enumerate(where[0]):
-                if w is not None:
-                    key = id(self.recorders[r_index])
-                    self.lost[key] = self.lost.get(key, 0) + (b - a) * self.per_recorder[r_index]
+                if w is not None and w[1] == self.recorders[r_index].store.gen:
+                    self.recorders[r_index].lost += (b - a) * self.per_recorder[r_index]
         if lost_end < stop:
             self._fold(words, lost_end, stop)
         del self.t0[: stop - self.read]
@@ -299,19 +296,19 @@ class Capture:
                 )  # fmt: skip
 
     def _columns(
-        self, ri: int, recorder: Any, parent: int, gen: int
+        self, ri: int, recorder: Graphs, parent: int, gen: int
     ) -> tuple[array[int], array[int], array[int]] | None:
         """The slots and timestamp indexes of ``recorder``'s timed calls under ``parent``."""
         key = (ri, parent, gen)
         if key not in self.columns:
             calls = [c for c in self.calls if c.recorder is recorder and c.exit >= 0]
-            slots = recorder.graph_slots(parent, [c.names for c in calls])
+            slots = recorder.slots(parent, [c.names for c in calls])
             keep = [k for k, slot in enumerate(slots) if slot is not None]
             if len(self.columns) > 256:  # parents come and go (reset): keep the map small
                 self.columns.clear()
             self.columns[key] = (
                 (
-                    array("q", [slots[k] for k in keep]),
+                    array("q", [slot for slot in slots if slot is not None]),
                     array("q", [calls[k].enter for k in keep]),
                     array("q", [calls[k].exit for k in keep]),
                 )
@@ -331,10 +328,10 @@ class Capture:
                 out.append((a, b, where))
         return out
 
-    def _calls_of(self, recorder: Any) -> int:
+    def _calls_of(self, recorder: Graphs) -> int:
         return sum(1 for c in self.calls if c.recorder is recorder and c.exit >= 0)
 
-    def unread(self, recorder: Any) -> int:
+    def unread(self, recorder: Graphs) -> int:
         """Region calls of ``recorder`` in replays not read yet."""
         for r, calls in zip(self.recorders, self.per_recorder, strict=True):
             if r is recorder:
@@ -438,65 +435,133 @@ def _all() -> list[Capture]:
 
 
 # -- reading ------------------------------------------------------------------------------
-def drain(recorder: Any, timeout_s: float) -> None:
-    """Read every replay of the graphs holding ``recorder``'s regions that was issued before
-    now, waiting for the GPU (polling) at most ``timeout_s``, and fold them."""
-    caps = [c for c in _all() if any(r is recorder for r in c.recorders)]
-    if not caps:
-        return
-    deadline = time.monotonic() + timeout_s
-    busy = []
-    for cap in caps:
-        # The copy waits, on the GPU, for the replays issued so far on every stream.
-        after = [_device.marker(key) for key in cap.streams.values()]
-        with cap.lock:
-            if cap.poll(True, after):
-                busy.append(cap)
-    sleep = 1e-5
-    while busy and time.monotonic() < deadline:
-        time.sleep(sleep)
-        sleep = min(sleep * 2, 1e-3)
-        still = []
-        for cap in busy:
-            with cap.lock:
-                if cap.poll(start=False):
-                    still.append(cap)
-        busy = still
-    with _lock:
-        _retired[:] = [c for c in _retired if c.read < c.replays]
-
-
 def timestamps(graph: Any) -> int:
     """The timestamps a graph's replays write (0: none, or not captured with regions)."""
     cap = _by_graph.get(id(graph))
     return cap.n if cap is not None else 0
 
 
-def pending(recorder: Any) -> int:
-    """Region calls of ``recorder`` inside graph replays not read yet."""
-    total = 0
-    for cap in _all():
-        with cap.lock:
-            total += cap.unread(recorder)
-    return total
+# -- one recorder's side ----------------------------------------------------------------
+class Graphs:
+    """This source's state for one recorder (``Recorder.graphs``): its region calls captured
+    into graphs, what their replays lost, and the reading of their replays (``Source``)."""
 
+    __slots__ = ("full", "host", "lost")
 
-def lost_note(recorder: Any) -> str:
-    """The report's note on region calls of graphs that could not be timed, or ''."""
-    lost = sum(c.lost.get(id(recorder), 0) for c in _all())
-    full = sum(c.full for c in _all() if any(r is recorder for r in c.recorders))
-    notes = []
-    if lost:
-        notes.append(
-            f"{lost} region call(s) in CUDA graph replays were lost: the graph's timestamp ring "
-            f"wrapped before it was read (it holds {cap_words} timestamps per graph)"
-        )
-    if full:
-        notes.append(
-            f"{full} region call(s) captured into a CUDA graph are not timed: the graph has "
-            f"more than {cap_words} region boundaries"
-        )
-    return "; ".join(notes)
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.lost = 0  # region calls in replays the ring overwrote before they were read
+        self.full = 0  # region calls captured without room in the ring for their timestamps
+
+    @property
+    def store(self) -> Any:
+        return self.host.store
+
+    # -- capture ------------------------------------------------------------------------
+    def frame(self, r: Any, stack: Any, slot: int, gen: int, rid: Any) -> Any:
+        """The frame of a region entered while its stream captures a CUDA graph: a timestamp
+        in the graph, or, in a capture begun outside torch's ``CUDAGraph`` or without room
+        left, host time counted as skipped."""
+        cap = current()
+        if cap is not None:
+            names: tuple[str, ...] = (r.name,)
+            inner: list[str] = []
+            for f in reversed(stack.frames()):
+                if f.kind == _GRAPH and f.start.capture is cap:
+                    names = (*f.start.names, *reversed(inner), r.name)
+                    break
+                inner.append(f.region.name)
+            call = cap.open(self, names)
+            if call is not None:
+                return _core.Frame(r, slot, gen, _GRAPH, start=call, t0_ns=_now(), range_id=rid)
+        return _core.Frame(r, slot, gen, _SKIP, t0_ns=_now(), range_id=rid)
+
+    # -- replay -------------------------------------------------------------------------
+    def replay_context(self) -> tuple[int, int, int] | None:
+        """Where a graph replay launched now puts this Timer's captured regions: (parent
+        slot, generation, step), or None while the Timer is off."""
+        store = self.host.store
+        if not store.enabled:
+            return None
+        stack = store.stack()
+        gen = store.gen  # before the slot (see Recorder.reset)
+        top = stack.top()
+        if top is not None and top.kind == _ORPHAN:  # rare: not a call per replay
+            top = self.host.live_top(stack)
+        return (top.slot if top is not None else stack.base, gen, store.step)
+
+    def slots(self, parent: int, paths: list[tuple[str, ...] | None]) -> list[int | None]:
+        """The slots of captured regions' paths under ``parent`` (None: no path given, or a
+        parent a reset() forgot)."""
+        tree = self.host.tree
+        out: list[int | None] = []
+        for names in paths:
+            slot: int | None = None
+            if names is not None:
+                try:
+                    slot = parent
+                    for name in names:
+                        slot = tree.child(slot, name)
+                except KeyError:
+                    slot = None
+            out.append(slot)
+        return out
+
+    # -- Source ---------------------------------------------------------------------------
+    def drain(self, timeout_s: float) -> None:
+        """Read every replay of the graphs holding this recorder's regions that was issued
+        before now, waiting for the GPU (polling) at most ``timeout_s``, and fold them."""
+        caps = [c for c in _all() if any(r is self for r in c.recorders)]
+        if not caps:
+            return
+        deadline = time.monotonic() + timeout_s
+        busy = []
+        for cap in caps:
+            # The copy waits, on the GPU, for the replays issued so far on every stream.
+            after = [_device.marker(key) for key in cap.streams.values()]
+            with cap.lock:
+                if cap.poll(True, after):
+                    busy.append(cap)
+        sleep = 1e-5
+        while busy and time.monotonic() < deadline:
+            time.sleep(sleep)
+            sleep = min(sleep * 2, 1e-3)
+            still = []
+            for cap in busy:
+                with cap.lock:
+                    if cap.poll(start=False):
+                        still.append(cap)
+            busy = still
+        with _lock:
+            _retired[:] = [c for c in _retired if c.read < c.replays]
+
+    def pending(self) -> int:
+        """Region calls of this recorder inside graph replays not read yet."""
+        total = 0
+        for cap in _all():
+            with cap.lock:
+                total += cap.unread(self)
+        return total
+
+    def notes(self) -> tuple[tuple[str, str], ...]:
+        """The report's note on region calls of graphs that could not be timed."""
+        notes = []
+        if self.lost:
+            notes.append(
+                f"{self.lost} region call(s) in CUDA graph replays were lost: the graph's "
+                f"timestamp ring wrapped before it was read (it holds {cap_words} timestamps "
+                "per graph)"
+            )
+        if self.full:
+            notes.append(
+                f"{self.full} region call(s) captured into a CUDA graph are not timed: the "
+                f"graph has more than {cap_words} region boundaries"
+            )
+        return (("graph_note", "; ".join(notes)),) if notes else ()
+
+    def reset(self) -> None:
+        self.lost = 0
+        self.full = 0
 
 
 # -- torch's CUDAGraph ------------------------------------------------------------------

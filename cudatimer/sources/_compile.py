@@ -33,26 +33,25 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import torch
 
 from .._config import env_flag
+from ._source import TIMERS
 
 __all__ = [
     "REASON",
     "SUPPORTED",
+    "CompileNotes",
     "block",
     "call",
     "constant",
     "enter_mark",
     "key_of",
-    "left_out",
     "marks_in_backward",
     "tensors_in",
-    "timer_key",
 ]
 
 # key -> Region; a region traced into compiled code stays alive as long as the code may run.
@@ -62,8 +61,6 @@ _REGIONS: list[Any] = []
 _ENTERS: list[Callable[[], Any]] = []
 _EXITS: list[Callable[[Any, Any, Any], Any]] = []
 _KEYS: dict[int, int] = {}  # id(region) -> key
-_TIMERS: list[weakref.ref[Any]] = []  # timer_key -> Timer
-_LEFT_OUT: dict[int, int] = {}  # timer_key -> regions traced while the mechanism is off
 _lock = threading.Lock()
 _MAX_DEPS = 16  # tensors a mark depends on (a few levels into tuples, lists and dicts)
 
@@ -85,12 +82,34 @@ def key_of(region: Any) -> int:
     return key
 
 
-def timer_key(timer: Any) -> int:
-    """A Timer's number here (Dynamo's constant folding takes ints and strings, not
-    objects: torch 2.11 refused a Timer as an argument of an assume_constant_result function)."""
-    with _lock:
-        _TIMERS.append(weakref.ref(timer))
-        return len(_TIMERS) - 1
+class CompileNotes:
+    """This source's state for one recorder: the regions traced into compiled code while the
+    marks are missing or switched off, which compiled code leaves untimed."""
+
+    __slots__ = ("left_out",)
+
+    def __init__(self) -> None:
+        self.left_out = 0
+
+    def drain(self, timeout_s: float) -> None:
+        """Nothing to fold: a compiled region's marks record through its own enter and exit."""
+
+    def pending(self) -> int:
+        return 0
+
+    def notes(self) -> tuple[tuple[str, str], ...]:
+        if not self.left_out:
+            return ()
+        return (
+            (
+                "compile_note",
+                f"{self.left_out} region(s) traced into torch.compile'd code are not timed "
+                f"there ({REASON}); they time the calls that run eagerly",
+            ),
+        )
+
+    def reset(self) -> None:
+        self.left_out = 0
 
 
 def _enter_body(key: int, *deps: Any) -> None:
@@ -344,7 +363,7 @@ class _Marks:
 
 @_constant
 def _block_key(timer: int, name: str, options: tuple[tuple[str, Any], ...]) -> int:
-    owner = _TIMERS[timer]()  # alive: its region() is being traced
+    owner = TIMERS.get(timer)  # alive: its region() is being traced
     assert owner is not None
     return key_of(owner.region(name, **dict(options)))
 
@@ -369,13 +388,15 @@ def marks_in_backward() -> int:
 
 @_constant
 def _note_left_out(timer: int) -> int:
-    _LEFT_OUT[timer] = _LEFT_OUT.get(timer, 0) + 1
+    owner = TIMERS.get(timer)
+    if owner is not None:
+        owner.recorder.compiled.left_out += 1
     return 0
 
 
 def block(timer: int, name: str, options: dict[str, Any]) -> Any:
     """What ``timer.region(name, **options)`` returns while Dynamo traces (``timer``: its
-    ``timer_key``)."""
+    number in ``TIMERS``, ``Timer.compile_key``)."""
     if not SUPPORTED:
         _note_left_out(timer)
         return contextlib.nullcontext()
@@ -385,7 +406,7 @@ def block(timer: int, name: str, options: dict[str, Any]) -> Any:
 def call(key: int, timer: int, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     """A decorated callable inlined into traced code: its marks around the call, depending on
     its tensor arguments and results (``key``: the region's ``key_of``, taken when it was
-    decorated; ``timer``: its Timer's ``timer_key``)."""
+    decorated; ``timer``: its Timer's ``compile_key``)."""
     if not SUPPORTED:
         _note_left_out(timer)
         return fn(*args, **kwargs)
@@ -397,14 +418,3 @@ def call(key: int, timer: int, fn: Callable[..., Any], args: Any, kwargs: Any) -
     tensors_in(out, deps, _MAX_DEPS, _any)
     _mark(_EXIT, key, deps)
     return out
-
-
-def left_out(timer: int) -> str:
-    """The report's note for the Timer ``timer`` ("" when no region was left out)."""
-    n = _LEFT_OUT.get(timer, 0)
-    if not n:
-        return ""
-    return (
-        f"{n} region(s) traced into torch.compile'd code are not timed there ({REASON}); "
-        "they time the calls that run eagerly"
-    )

@@ -216,3 +216,32 @@ def test_reduce_overhead_compiled_model_times_its_regions() -> None:
     row = rows.get("serve/Sequential/0")
     assert row is not None and row.calls == 10 and row.skipped == 0, sorted(rows)
     assert row.clock == "cuda:0"
+
+
+def test_a_capture_begun_before_any_other_cudatimer_call_is_timed() -> None:
+    """Right after `import cudatimer`, a graph whose first region is made inside its capture
+    (torch's default "global" capture mode) times that region on every replay: the ring was
+    set up by the capture_begin hook, which only an import-time wrap can have run (setting
+    it up inside the capture invalidates it in that mode; docs/design.md)."""
+    from tests.subproc import run_python
+
+    code = """
+        import torch, cudatimer
+        x = torch.randn(1024, 1024, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = x @ x
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            with cudatimer.cuda_region("inside"):
+                y = x @ x
+        for _ in range(4):
+            g.replay()
+        row = cudatimer.summary()["inside"]
+        print(row.calls, row.skipped, row.gpu_mean_ms > 0)
+    """
+    done = run_python(code, {})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["4", "0", "True"]

@@ -210,7 +210,7 @@ def test_graph_captured_while_disabled_replays_untouched(gpu: FakeGPU) -> None:
     assert not any(op[0] in ("stamp", "advance") for op in g.ops)
     g.replay()
     assert cudatimer.summary().regions == ()
-    assert _capture.pending(cudatimer.default_timer().recorder) == 0
+    assert cudatimer.default_timer().recorder.graphs.pending() == 0
 
 
 def test_reset_drops_replays_launched_before_it(gpu: FakeGPU) -> None:
@@ -270,7 +270,7 @@ def test_graph_collected_with_replays_unread_is_still_reported(gpu: FakeGPU) -> 
     gc.collect()
     gpu.copies_held = False
     assert _row(cudatimer.summary(), "graph").calls == 1
-    assert _capture.pending(cudatimer.default_timer().recorder) == 0
+    assert cudatimer.default_timer().recorder.graphs.pending() == 0
 
 
 def test_graph_reset_and_recapture(gpu: FakeGPU) -> None:
@@ -314,7 +314,7 @@ def test_replay_that_raises_is_not_counted(gpu: FakeGPU) -> None:
 
     with pytest.raises(RuntimeError):
         _capture.replay(g, fail)
-    assert _capture.pending(cudatimer.default_timer().recorder) == 0
+    assert cudatimer.default_timer().recorder.graphs.pending() == 0
     g.replay()
     assert _row(cudatimer.summary(), "graph").calls == 1
 
