@@ -223,7 +223,7 @@ def test_a_capture_begun_before_any_other_cudatimer_call_is_timed() -> None:
     (torch's default "global" capture mode) times that region on every replay: the ring was
     set up by the capture_begin hook, which only an import-time wrap can have run (setting
     it up inside the capture invalidates it in that mode; docs/design.md)."""
-    from tests.subproc import run_python
+    from tests.helpers.subproc import run_python
 
     code = """
         import torch, cudatimer

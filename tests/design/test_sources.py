@@ -14,7 +14,7 @@ from cudatimer import Timer
 from cudatimer.regions._timer import live_timers
 from cudatimer.sources import _capture, _compile
 from cudatimer.sources._source import TIMERS
-from tests.fake_cuda import FakeGPU, FakeGraph, install
+from tests.helpers.fake_cuda import FakeGPU, FakeGraph, install
 
 
 @pytest.fixture

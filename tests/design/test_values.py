@@ -20,7 +20,7 @@ from cudatimer import Timer
 from cudatimer.records import _values
 from cudatimer.records._values import Column, Tally, Values
 from cudatimer.render._export import REGION_COLUMNS, save, summary_to_dict
-from tests.fake_cuda import install
+from tests.helpers.fake_cuda import install
 
 PROBE = Column("probe", "bytes", stats=("mean", "max", "total"))
 FIELDS = ("probe_mean_bytes", "probe_max_bytes", "probe_total_bytes")
