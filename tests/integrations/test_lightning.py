@@ -173,7 +173,7 @@ def test_two_cpu_processes_write_per_rank_files_and_the_cross_rank_report(
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     )
-    script = ROOT / "tests" / "lightning_ddp_script.py"
+    script = ROOT / "tests" / "helpers" / "lightning_ddp_script.py"
     done = subprocess.run(
         [sys.executable, str(script), str(tmp_path), strategy],
         capture_output=True,
