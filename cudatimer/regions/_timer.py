@@ -237,10 +237,12 @@ class _SampledRegion(Region):
 
 
 class _Seqs(threading.local):
-    """Per thread: the autograd node number at each open ``with`` of one backward region."""
+    """Per thread: the autograd node number at each open ``with`` of one backward region, and
+    whether ``backward_from`` was called in it."""
 
     def __init__(self) -> None:
         self.stack: list[int] = []
+        self.hooked: list[bool] = []
 
 
 class _BackwardRegion(Region):
@@ -251,7 +253,7 @@ class _BackwardRegion(Region):
     inside it hooks the tensors handed in; their backward row covers the nodes made since.
     """
 
-    __slots__ = ("_seqs", "backward_site")
+    __slots__ = ("_seqs", "backward_site", "unhooked_warned")
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -261,9 +263,12 @@ class _BackwardRegion(Region):
         row = None if DISABLED_AT_IMPORT else timer.region(f"{name}.backward")
         self.backward_site = None if row is None else _backward.Site(row, (f"{name}.backward",))
         self._seqs = _Seqs()
+        self.unhooked_warned = False
 
     def __enter__(self) -> Region:
-        self._seqs.stack.append(_backward.seq_now())
+        seqs = self._seqs
+        seqs.stack.append(_backward.seq_now())
+        seqs.hooked.append(False)
         _core.RegionBase.__enter__(self)
         return self
 
@@ -271,9 +276,35 @@ class _BackwardRegion(Region):
         try:
             _core.RegionBase.__exit__(self, *exc)
         finally:
-            stack = self._seqs.stack
-            if stack:
-                stack.pop()
+            seqs = self._seqs
+            if seqs.stack:
+                seqs.stack.pop()
+                if not seqs.hooked.pop() and exc[0] is None:
+                    self._warn_unhooked()
+
+    def _warn_unhooked(self) -> None:
+        """A ``with`` block of a backward region that never called ``backward_from`` has no
+        backward row, and nothing else would say so: the forward row alone reads as if the
+        backward cost nothing. Once per region, when a backward row could have been timed."""
+        site = self.backward_site
+        if (
+            self.unhooked_warned
+            or site is None
+            or not site.store.enabled
+            or not torch.is_grad_enabled()
+            or torch.compiler.is_compiling()
+        ):
+            return
+        self.unhooked_warned = True
+        warnings.warn(
+            f"cudatimer: region {self.name!r} has backward=True, but its `with` block ended "
+            f"without calling backward_from(...), so it gets no backward row "
+            f"({self.name}.backward). Inside the block, hand it the tensors the block computed: "
+            f"`with cuda_region({self.name!r}, backward=True) as blk: out = f(x); "
+            "blk.backward_from(out)`",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def backward_from(self, *outputs: torch.Tensor) -> None:
         """Inside ``with region:``: time the backward of ``outputs`` (tensors computed in the
@@ -294,6 +325,7 @@ class _BackwardRegion(Region):
                 "this thread: the backward of a block is the autograd nodes made since the "
                 "block began, so call it inside the block"
             )
+        self._seqs.hooked[-1] = True
         site = self.backward_site
         if site is not None and torch.is_grad_enabled() and site.store.enabled:
             _backward.watch(outputs, stack[-1], site, bounded=True)
@@ -306,16 +338,6 @@ NULL_REGION: Any = _core.NullRegion()
 def compiled() -> bool:
     """True when regions run the C core (``_speedups``)."""
     return bool(_core.IMPL == "c")
-
-
-def core_line() -> str:
-    """Which recorder core runs, and why when it is the Python one (``cudatimer --version``)."""
-    if compiled():
-        return "core: C (cudatimer.core._speedups)"
-    why = (
-        "CUDATIMER_PURE_PYTHON is set" if PURE_PYTHON else "cudatimer.core._speedups was not built"
-    )
-    return f"core: Python ({why})"
 
 
 def _core_note() -> str | None:

@@ -456,7 +456,10 @@ def write_atomic(
     try:
         with file as f:
             write(f)
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError as exc:  # onto a folder, say: name the path given, not the temporary
+            raise type(exc)(exc.errno, exc.strerror, target) from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)

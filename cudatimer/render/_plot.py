@@ -13,9 +13,26 @@ from typing import IO, Any
 from ..records._records import RegionStats, Summary
 from ._export import write_atomic
 
-__all__ = ["plot"]
+__all__ = ["FORMATS", "format_of", "plot"]
 
 _GPU_COLOR, _CPU_COLOR = "#4363d8", "#f58231"
+
+#: File suffix -> the format written: a path's suffix names its format (a ``.svg`` file must not
+#: hold PNG bytes). A binary stream gets PNG.
+FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+
+
+def format_of(path: str | os.PathLike[str]) -> str:
+    """The format ``plot`` writes to ``path``: its suffix's; a ValueError for another."""
+    suffix = os.path.splitext(os.fspath(path))[1]
+    fmt = FORMATS.get(suffix.lower())
+    if fmt is None:
+        got = f"{suffix!r}" if suffix else "none"
+        raise ValueError(
+            f"path {os.fspath(path)!r}: its suffix names the picture's format, one of "
+            f"{', '.join(FORMATS)}; got {got}"
+        )
+    return fmt
 
 
 def _import_matplotlib() -> tuple[Any, Any]:
@@ -41,11 +58,12 @@ def plot(
     top: int = 12,
     title: str | None = None,
 ) -> None:
-    """Write a PNG: the ``top`` regions by time (GPU and CPU total side by side), and, when the
+    """Draw the ``top`` regions by time (GPU and CPU total side by side), and, when the
     summary carries per-step stats of 2 steps or more, their time per step below.
 
     Times are inclusive (a parent's bar contains its children's). ``path`` is a file path
-    (written atomically: on failure no partial file is left) or a binary stream.
+    whose suffix names the format (``.png``, ``.svg`` or ``.pdf``; another is refused), written
+    atomically (on failure no partial file is left), or a binary stream (PNG).
     """
     if not isinstance(summary, Summary):
         raise TypeError(f"summary must be a cudatimer.Summary, got {type(summary).__name__}")
@@ -55,6 +73,7 @@ def plot(
         raise ValueError(f"top must be >= 1, got {top}")
     if not hasattr(path, "write") and not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a file path or a binary stream, got {type(path).__name__}")
+    fmt = format_of(path) if isinstance(path, (str, os.PathLike)) else "png"
     if not summary.regions:
         raise ValueError("nothing to plot: the summary has no regions")
     figure_cls, canvas_cls = _import_matplotlib()
@@ -92,10 +111,10 @@ def plot(
     bars_ax.set_title(title if title is not None else default_title)
     if steps_ax is not None:
         _plot_steps(steps_ax, summary, regions[: min(5, len(regions))], steps)
-    if isinstance(path, (str, os.PathLike)):  # a failed write leaves no partial PNG behind
-        write_atomic(path, lambda f: fig.savefig(f, format="png"), binary=True)
+    if isinstance(path, (str, os.PathLike)):  # a failed write leaves no partial file behind
+        write_atomic(path, lambda f: fig.savefig(f, format=fmt), binary=True)
     else:
-        fig.savefig(path, format="png")
+        fig.savefig(path, format=fmt)
 
 
 def _plot_steps(ax: Any, summary: Summary, regions: list[RegionStats], steps: list[int]) -> None:
