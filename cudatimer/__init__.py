@@ -18,6 +18,7 @@ import difflib
 import inspect
 import os
 import sys
+import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -100,10 +101,17 @@ _LAZY = frozenset(
     }
 )
 _DEFAULT: Timer | None = None
+#: Held while the lazy names load (by whichever thread uses one first).
+_LOADING = threading.RLock()
 
 
 def _load() -> Timer:
     """Import the modules that need torch, bind the lazy names, return the default Timer."""
+    with _LOADING:
+        return _DEFAULT if _DEFAULT is not None else _load_now()
+
+
+def _load_now() -> Timer:
     global _DEFAULT
     from .features._feed import StepFeed, StepTimes
     from .features._graphs import timed_replay
@@ -383,3 +391,25 @@ def mark(
 ) -> None:
     """An instant NVTX marker in the default Timer's domain: ``cudatimer.mark("checkpoint")``."""
     _timer().mark(name, color=color, category=category, payload=payload)
+
+
+def _wait_for_a_load() -> None:
+    """Before ``os.fork``: wait for a thread that is loading the lazy names. Forked in the
+    middle, the child inherits its import locks held by a thread it does not have, and hangs
+    at its first region (torch's import is a 2 s window)."""
+    with _LOADING:
+        pass
+
+
+if "torch" in sys.modules:  # imported first, as usual: waiting saves nothing
+    _load()
+elif hasattr(os, "register_at_fork"):
+    # Fork hooks run last-registered first. logging's and concurrent.futures' take a lock
+    # before a fork and release it after (torch imports both): registered while ours waits,
+    # theirs would be released without being taken ("release unlocked lock"); registered
+    # after ours, logging's would hold its lock while ours waits for a thread whose torch
+    # import needs it. Imported first (3 ms and 2 ms), their hooks run after ours.
+    import concurrent.futures.thread  # noqa: F401
+    import logging  # noqa: F401
+
+    os.register_at_fork(before=_wait_for_a_load)

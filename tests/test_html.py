@@ -257,10 +257,15 @@ def runs(tmp_path: Path) -> dict[str, Path]:
 def test_cli_html_writes_the_page(
     runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`cudatimer html RUN.json` writes RUN.html, the page render_html gives; -o and --top too."""
+    """`cudatimer html RUN.json` writes RUN.html, the page render_html gives, titled with the
+    file's name; -o and --top too."""
     assert main(["html", str(runs["gpu"])]) == 0
     assert capsys.readouterr().out == f"wrote {tmp_path / 'gpu.html'}\n"
-    assert (tmp_path / "gpu.html").read_text() == render_html(gpu_run())
+    page = (tmp_path / "gpu.html").read_text()
+    assert page == render_html(gpu_run(), title=f"cudatimer: {runs['gpu']}")
+    assert f"<title>cudatimer: {runs['gpu']}</title>" in page
+    assert main(["html", str(runs["gpu"]), "--title", "mine", "-o", str(tmp_path / "t.html")]) == 0
+    assert "<title>mine</title>" in (tmp_path / "t.html").read_text()
     assert main(["html", str(runs["gpu"]), "-o", str(tmp_path / "o.html"), "--top", "1"]) == 0
     assert len(data_of((tmp_path / "o.html").read_text())["runs"][0]["chart"]["series"]) == 1
 

@@ -253,7 +253,7 @@ class _BackwardRegion(Region):
     inside it hooks the tensors handed in; their backward row covers the nodes made since.
     """
 
-    __slots__ = ("_seqs", "backward_site", "unhooked_warned")
+    __slots__ = ("_seqs", "backward_site")
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -263,7 +263,6 @@ class _BackwardRegion(Region):
         row = None if DISABLED_AT_IMPORT else timer.region(f"{name}.backward")
         self.backward_site = None if row is None else _backward.Site(row, (f"{name}.backward",))
         self._seqs = _Seqs()
-        self.unhooked_warned = False
 
     def __enter__(self) -> Region:
         seqs = self._seqs
@@ -285,17 +284,20 @@ class _BackwardRegion(Region):
     def _warn_unhooked(self) -> None:
         """A ``with`` block of a backward region that never called ``backward_from`` has no
         backward row, and nothing else would say so: the forward row alone reads as if the
-        backward cost nothing. Once per region, when a backward row could have been timed."""
+        backward cost nothing. Once per name and Timer (``region(name, backward=True)`` makes
+        a new Region each call), when a backward row could have been timed."""
         site = self.backward_site
         if (
-            self.unhooked_warned
-            or site is None
+            site is None
             or not site.store.enabled
             or not torch.is_grad_enabled()
             or torch.compiler.is_compiling()
         ):
             return
-        self.unhooked_warned = True
+        warned = _UNHOOKED_WARNED.setdefault(self.timer, set())
+        if self.name in warned:
+            return
+        warned.add(self.name)
         warnings.warn(
             f"cudatimer: region {self.name!r} has backward=True, but its `with` block ended "
             f"without calling backward_from(...), so it gets no backward row "
@@ -330,6 +332,9 @@ class _BackwardRegion(Region):
         if site is not None and torch.is_grad_enabled() and site.store.enabled:
             _backward.watch(outputs, stack[-1], site, bounded=True)
 
+
+#: Per Timer, the backward regions already warned about a block without ``backward_from``.
+_UNHOOKED_WARNED: weakref.WeakKeyDictionary[Timer, set[str]] = weakref.WeakKeyDictionary()
 
 #: What regions become when ``CUDATIMER_DISABLE`` is set: nothing on enter, exit or call.
 NULL_REGION: Any = _core.NullRegion()
