@@ -345,8 +345,9 @@ def plot(
     top: int = 12,
     **window: Any,
 ) -> None:
-    """Write a PNG of where time goes (top regions, GPU vs CPU, time per step) for the default
-    Timer or ``summary``. Needs matplotlib."""
+    """Write a picture of where time goes (top regions, GPU vs CPU, time per step) for the
+    default Timer or ``summary``, in the format the path's suffix names: ``.png``, ``.svg`` or
+    ``.pdf`` (another is refused). Needs matplotlib."""
     _timer().plot(path, summary=summary, top=top, **window)
 
 

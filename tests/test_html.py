@@ -317,3 +317,24 @@ def test_chart_leaves_out_top_regions_without_steps() -> None:
     run = dataclasses.replace(run, step_stats=tuple(s for s in run.step_stats if s.name != "r2"))
     chart = data_of(render_html(run))["runs"][0]["chart"]
     assert [s["name"] for s in chart["series"]] == ["r1", "r0"]
+
+
+def test_the_cross_rank_page_shows_ms_per_step_per_rank() -> None:
+    """The cross-rank page's tree of all ranks folded together has ms/step per rank, titled
+    so, with the note saying how it is computed."""
+    rank = Summary(
+        regions=(
+            RegionStats("step", "cuda:0", 4, Histogram.of([25.0] * 4), Histogram.of([1.0] * 4)),
+        ),
+        steps=4,
+    )
+    folded = data_of(render_html(RankSummary((0, 1), (rank, rank))))["runs"][0]
+    columns = [c[1] for c in folded["regions"]["columns"]]
+    assert "ms/step/rank" in columns and "ms/step" not in columns
+    row = folded["regions"]["rows"][0]
+    assert row[4 + columns.index("ms/step/rank")] == 25.0  # after parent, level, title, class
+    assert any(
+        n.startswith("ms/step/rank: a region's time per step on one rank") for n in folded["notes"]
+    )
+    single = data_of(render_html(rank))["runs"][0]
+    assert "ms/step" in [c[1] for c in single["regions"]["columns"]]

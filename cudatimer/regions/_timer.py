@@ -927,8 +927,9 @@ class Timer:
         summary: Summary | None = None,
         **window: Any,
     ) -> None:
-        """Write a PNG of where time goes (top regions, GPU vs CPU; time per step when steps
-        were marked). Needs matplotlib. ``window``: last/steps/warmup."""
+        """Write a picture of where time goes (top regions, GPU vs CPU; time per step when
+        steps were marked) as PNG, SVG or PDF, as the path's suffix names. Needs matplotlib.
+        ``window``: last/steps/warmup."""
         from ..render._plot import plot
 
         if summary is None and window:
