@@ -17,8 +17,9 @@ import pytest
 import torch
 
 import cudatimer
+from tests.extras import needs
 
-pl = pytest.importorskip("lightning.pytorch")
+pl = needs("lightning.pytorch")
 
 from cudatimer.lightning import CudaTimerCallback, CudaTimerProfiler  # noqa: E402
 from tests.lightning_ddp_script import Tiny  # noqa: E402
