@@ -49,6 +49,12 @@ RUN_DIR = re.compile(r"^(\d{4}-\d{2}-\d{2})-([a-z0-9]+)(?:-(\d+))?$")
 #: a CPU core to pin to (the last this process may use).
 Command = str
 
+# torch.profiler's Kineto writes two "USDT:" lines to stderr for every profiling session (a
+# level above its errors), 22 lines in a smoke run among the suite's own output. Kineto reads
+# the level when a session starts; 6 is past USDT (5). A failed profiler still shows: the sync
+# count check then reports the missing events itself. A level the caller set is kept.
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
 
 @dataclasses.dataclass(frozen=True)
 class Suite:

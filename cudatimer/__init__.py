@@ -14,17 +14,16 @@
 from __future__ import annotations
 
 import atexit
+import difflib
+import inspect
 import os
+import sys
+import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ._version import __version__ as __version__
 from .features import _exit
-from .features._feed import StepFeed, StepTimes
-from .features._graphs import timed_replay
-from .features._instrument import Instrumented, instrument
-from .features._nsight import nsight_capture
-from .features._syncs import SyncDetection, detect_syncs
 from .records._compare import Comparison, RegionVerdict
 from .records._hist import ALPHA, Histogram
 from .records._records import (
@@ -36,12 +35,21 @@ from .records._records import (
     SyncSite,
     TraceSample,
 )
-from .regions import _timer
-from .regions._timer import Region, Timer, default_timer
 from .render._export import load
 
+# Importing torch takes 2-4 s, and reading saved runs (the command line, load(), the
+# renderers) needs none of it: so the names that need torch are bound on first use, all at
+# once, by ``__getattr__`` below. Type checkers see them imported here.
 if TYPE_CHECKING:
     from .distributed import RankSummary
+    from .features._feed import StepFeed, StepTimes
+    from .features._graphs import timed_replay
+    from .features._instrument import Instrumented, instrument
+    from .features._nsight import nsight_capture
+    from .features._syncs import SyncDetection, detect_syncs
+    from .regions._timer import Region, Timer, default_timer
+
+    cuda_region = default_timer().region
 
 __all__ = [
     "ALPHA",
@@ -88,14 +96,82 @@ __all__ = [
     "to_csv",
     "to_dataframe",
 ]
-_DEFAULT = default_timer()
+
+#: The names whose modules import torch: bound together on first use of any of them.
+_LAZY = frozenset(
+    {
+        "Instrumented",
+        "Region",
+        "StepFeed",
+        "StepTimes",
+        "SyncDetection",
+        "Timer",
+        "cuda_region",
+        "default_timer",
+        "detect_syncs",
+        "instrument",
+        "nsight_capture",
+        "timed_replay",
+    }
+)
+_DEFAULT: Timer | None = None
+#: Held while the lazy names load (by whichever thread uses one first).
+_LOADING = threading.RLock()
 
 
-#: A region of the default Timer: ``with cuda_region("fwd"):`` or ``@cuda_region("fwd")``,
-#: with the options of :meth:`Timer.region` (``mode``, ``color``, ``category``, ``payload``,
-#: ``clock``, ``streams``, ``every``). It is the default Timer's own bound method, so
-#: ``with cuda_region("x"):`` in a loop costs one call and one dict hit, no wrapper frame.
-cuda_region = _DEFAULT.region
+def _load() -> Timer:
+    """Import the modules that need torch, bind the lazy names, return the default Timer."""
+    with _LOADING:
+        return _DEFAULT if _DEFAULT is not None else _load_now()
+
+
+def _load_now() -> Timer:
+    global _DEFAULT
+    from .features._feed import StepFeed, StepTimes
+    from .features._graphs import timed_replay
+    from .features._instrument import Instrumented, instrument
+    from .features._nsight import nsight_capture
+    from .features._syncs import SyncDetection, detect_syncs
+    from .regions._timer import Region, Timer, default_timer
+
+    timer = default_timer()
+    globals().update(
+        Instrumented=Instrumented,
+        Region=Region,
+        StepFeed=StepFeed,
+        StepTimes=StepTimes,
+        SyncDetection=SyncDetection,
+        Timer=Timer,
+        # A region of the default Timer: ``with cuda_region("fwd"):`` or
+        # ``@cuda_region("fwd")``, with the options of :meth:`Timer.region`. It is the Timer's
+        # own bound method, so ``with cuda_region("x"):`` in a loop costs one call and one
+        # dict hit, no wrapper frame (and, bound here, no ``__getattr__`` call either).
+        cuda_region=timer.region,
+        default_timer=default_timer,
+        detect_syncs=detect_syncs,
+        instrument=instrument,
+        nsight_capture=nsight_capture,
+        timed_replay=timed_replay,
+    )
+    _DEFAULT = timer
+    return timer
+
+
+def _timer() -> Timer:
+    """The default Timer (importing torch the first time)."""
+    return _DEFAULT if _DEFAULT is not None else _load()
+
+
+if not TYPE_CHECKING:  # type checkers read the imports above instead
+
+    def __getattr__(name: str) -> Any:
+        if name in _LAZY:
+            _load()
+            return globals()[name]
+        raise AttributeError(f"module 'cudatimer' has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(__all__))
 
 
 def cuda_timed(fn: Any = None, /, name: str | None = None, **options: Any) -> Any:
@@ -107,26 +183,37 @@ def cuda_timed(fn: Any = None, /, name: str | None = None, **options: Any) -> An
     manager classes (timed from ``__enter__`` to ``__exit__``). The default name is the
     function's ``__qualname__``. ``every=N`` times one call in N and counts them all.
     """
-    return _DEFAULT.timed(fn, name=name, **options)
+    return _timer().timed(fn, name=name, **options)
 
 
-def report(*, all_ranks: bool = False, summary: Summary | None = None, **options: Any) -> str:
+def report(
+    *positional: object, all_ranks: bool = False, summary: Summary | None = None, **options: Any
+) -> str:
     """Print the default Timer's table and return it (reading never clears results).
 
     Options: see :meth:`Timer.report` (``view="tree"``, ``sort``, ``fmt``, ``columns``,
     ``match``, ``min_share``, ``last``/``steps``/``warmup``, ``file``, ``logger``).
-    ``summary=``: render that Summary instead (e.g. ``cudatimer.load("run.json")``).
+    ``summary=``: render that Summary instead (e.g. ``cudatimer.load("run.json")``); it is a
+    keyword, and a positional argument is refused with that hint.
 
     ``all_ranks=True``: the cross-rank table of a torch.distributed job, printed on rank 0;
     every rank must call it (options: see ``cudatimer.distributed.report``).
     """
+    if positional:
+        what = type(positional[0]).__name__
+        raise TypeError(
+            f"report() takes keyword arguments only, got {len(positional)} positional "
+            f"({what}); to print a saved or computed run, pass it as "
+            "report(summary=cudatimer.load(path))"
+        )
     if not isinstance(all_ranks, bool):
         raise TypeError(f"all_ranks must be True or False, got {type(all_ranks).__name__}")
     if all_ranks:
         from . import distributed
 
-        return distributed.report(_DEFAULT if summary is None else summary, **options)
-    return _DEFAULT.report(summary=summary, **options)
+        return distributed.report(_timer() if summary is None else summary, **options)
+    timer = _timer()
+    return timer.report(summary=summary, **options)
 
 
 @overload
@@ -159,27 +246,27 @@ def summary(
     if all_ranks:
         from . import distributed
 
-        return distributed.summary(_DEFAULT, timeout_s=timeout_s, **options)
-    return _DEFAULT.summary(timeout_s=timeout_s, **options)
+        return distributed.summary(_timer(), timeout_s=timeout_s, **options)
+    return _timer().summary(timeout_s=timeout_s, **options)
 
 
 def reset() -> None:
     """Clear the default Timer's results."""
-    _DEFAULT.reset()
+    _timer().reset()
 
 
 def enable() -> None:
     """Turn the default Timer on."""
-    _DEFAULT.enable()
+    _timer().enable()
 
 
 def disable() -> None:
     """Turn the default Timer off: regions do no timing and emit no NVTX."""
-    _DEFAULT.disable()
+    _timer().disable()
 
 
 def is_enabled() -> bool:
-    return _DEFAULT.enabled
+    return _timer().enabled
 
 
 def compiled() -> bool:
@@ -191,18 +278,20 @@ def compiled() -> bool:
     >>> isinstance(cudatimer.compiled(), bool)
     True
     """
-    return _timer.compiled()
+    from .core import _core
+
+    return bool(_core.IMPL == "c")
 
 
 def step() -> int:
     """Mark an iteration boundary of the default Timer; returns the new step number."""
-    return _DEFAULT.step()
+    return _timer().step()
 
 
 def save(path: str | os.PathLike[str], *, timeout_s: float = 60.0, **window: Any) -> Summary:
     """Write the default Timer's summary as JSON, with per-step stats and trace samples;
     ``cudatimer.load(path)`` reads it back exactly. ``window``: ``last``/``steps``/``warmup``."""
-    return _DEFAULT.save(path, timeout_s=timeout_s, **window)
+    return _timer().save(path, timeout_s=timeout_s, **window)
 
 
 def step_series(**window: Any) -> tuple[StepStats, ...]:
@@ -211,7 +300,7 @@ def step_series(**window: Any) -> tuple[StepStats, ...]:
     ``window``: ``last``, ``steps``, ``warmup`` as for :func:`summary`; see
     :meth:`Timer.step_series`.
     """
-    return _DEFAULT.step_series(**window)
+    return _timer().step_series(**window)
 
 
 def export_trace(
@@ -219,7 +308,7 @@ def export_trace(
 ) -> None:
     """Write a Chrome/Perfetto trace (JSON) of the default Timer's last calls, or of
     ``summary.trace`` (e.g. a loaded run); open it in https://ui.perfetto.dev."""
-    _DEFAULT.export_trace(path, summary=summary, **window)
+    _timer().export_trace(path, summary=summary, **window)
 
 
 def to_csv(
@@ -231,13 +320,13 @@ def to_csv(
 ) -> None:
     """Write regions, per-step stats (``what="steps"``) or trace samples (``"trace"``) as CSV,
     of the default Timer or of ``summary``."""
-    _DEFAULT.to_csv(path, what=what, summary=summary, **window)
+    _timer().to_csv(path, what=what, summary=summary, **window)
 
 
 def to_dataframe(*, what: str = "regions", summary: Summary | None = None, **window: Any) -> Any:
     """A pandas DataFrame of regions, per-step stats (``what="steps"``) or trace samples
     (``"trace"``), of the default Timer or of ``summary``. Needs pandas."""
-    return _DEFAULT.to_dataframe(what=what, summary=summary, **window)
+    return _timer().to_dataframe(what=what, summary=summary, **window)
 
 
 def plot(
@@ -247,9 +336,10 @@ def plot(
     top: int = 12,
     **window: Any,
 ) -> None:
-    """Write a PNG of where time goes (top regions, GPU vs CPU, time per step) for the default
-    Timer or ``summary``. Needs matplotlib."""
-    _DEFAULT.plot(path, summary=summary, top=top, **window)
+    """Write a picture of where time goes (top regions, GPU vs CPU, time per step) for the
+    default Timer or ``summary``, in the format the path's suffix names: ``.png``, ``.svg`` or
+    ``.pdf`` (another is refused). Needs matplotlib."""
+    _timer().plot(path, summary=summary, top=top, **window)
 
 
 def html(
@@ -267,11 +357,10 @@ def html(
 
     ``summary`` may be a cross-rank ``RankSummary`` (``cudatimer.summary(all_ranks=True)``
     on rank 0): the page then leads with the cross-rank table. ``options``: ``stat`` and
-    ``tolerance`` of the comparison (or ``max_slowdown``, ``confidence`` and
-    ``allow_other_device``: the verdicts of :func:`compare`), ``last``/``steps``/``warmup``,
-    ``timeout_s``; see :meth:`Timer.html`.
+    ``tolerance`` of the comparison, ``last``/``steps``/``warmup``, ``timeout_s``; see
+    :meth:`Timer.html`.
     """
-    _DEFAULT.html(path, summary=summary, base=base, top=top, title=title, **options)
+    _timer().html(path, summary=summary, base=base, top=top, title=title, **options)
 
 
 def compare(
@@ -330,8 +419,15 @@ def compare_report(comparison: Comparison, *, fmt: str = "simple") -> str:
     return render_gate(comparison, fmt=fmt)
 
 
+def _report_at_exit() -> None:
+    """The opt-in report at exit, of the Timers there are: none if nothing imported the
+    regions (a program that only read saved runs), which then do not import torch at exit."""
+    if "cudatimer.regions._timer" in sys.modules:
+        _exit.report_at_exit()
+
+
 if _exit.ENABLED:
-    atexit.register(_exit.report_at_exit)
+    atexit.register(_report_at_exit)
 
 
 def mark(
@@ -342,4 +438,26 @@ def mark(
     payload: float | None = None,
 ) -> None:
     """An instant NVTX marker in the default Timer's domain: ``cudatimer.mark("checkpoint")``."""
-    _DEFAULT.mark(name, color=color, category=category, payload=payload)
+    _timer().mark(name, color=color, category=category, payload=payload)
+
+
+def _wait_for_a_load() -> None:
+    """Before ``os.fork``: wait for a thread that is loading the lazy names. Forked in the
+    middle, the child inherits its import locks held by a thread it does not have, and hangs
+    at its first region (torch's import is a 2 s window)."""
+    with _LOADING:
+        pass
+
+
+if "torch" in sys.modules:  # imported first, as usual: waiting saves nothing
+    _load()
+elif hasattr(os, "register_at_fork"):
+    # Fork hooks run last-registered first. logging's and concurrent.futures' take a lock
+    # before a fork and release it after (torch imports both): registered while ours waits,
+    # theirs would be released without being taken ("release unlocked lock"); registered
+    # after ours, logging's would hold its lock while ours waits for a thread whose torch
+    # import needs it. Imported first (3 ms and 2 ms), their hooks run after ours.
+    import concurrent.futures.thread  # noqa: F401
+    import logging  # noqa: F401
+
+    os.register_at_fork(before=_wait_for_a_load)

@@ -4,7 +4,7 @@
     cudatimer compare BASE.json NEW.json [--stat mean|total|per_step|p50|p90|p99|min|max]
     cudatimer compare BASE... NEW --max-slowdown 0.05 [--fmt github] [--json verdict.json]
     cudatimer trace RUN.json -o trace.json     # open in https://ui.perfetto.dev
-    cudatimer plot RUN.json -o report.png      # needs matplotlib
+    cudatimer plot RUN.json -o report.png      # or .svg, .pdf; needs matplotlib
     cudatimer html RUN.json -o report.html     # one page, no network; html BASE.json NEW.json
     cudatimer csv RUN.json -o regions.csv [--what regions|steps|trace]
 
@@ -26,13 +26,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 
 from .records._ranks import RankSummary
 from .records._records import Summary
-from .regions._timer import core_line
-from .render._export import RANKS_FORMAT, WHATS, load, read_json, summary_from_dict, to_csv
+from .render._export import RANKS_FORMAT, WHATS, read_json, summary_from_dict, to_csv
 from .render._gate import DEFAULT_STAT, GATE_STATS, compare_sides, load_side, write_json
 from .render._report import (
     COLUMNS,
@@ -82,8 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     # Accepted so that they are refused with the reason: a window is rebuilt from the raw
     # samples a live Timer keeps, and a saved run holds only the window it was saved with.
+    # Not listed in --help, which would offer options only to refuse them.
     for flag in ("--last", "--steps", "--warmup"):
-        show.add_argument(flag, help="refused: choose the window when saving (save(warmup=5))")
+        show.add_argument(flag, help=argparse.SUPPRESS)
 
     compare = sub.add_parser(
         "compare",
@@ -138,9 +139,11 @@ def _parser() -> argparse.ArgumentParser:
     trace.add_argument("run")
     trace.add_argument("-o", "--output", help="default: RUN.trace.json")
 
-    plot = sub.add_parser("plot", help="write a PNG of where time goes (needs matplotlib)")
+    plot = sub.add_parser(
+        "plot", help="write a picture of where time goes: PNG, SVG or PDF (needs matplotlib)"
+    )
     plot.add_argument("run")
-    plot.add_argument("-o", "--output", help="default: RUN.png")
+    plot.add_argument("-o", "--output", help="default: RUN.png; .svg and .pdf write those")
     plot.add_argument("--top", type=_positive, default=12, help="how many regions to draw")
 
     html = sub.add_parser(
@@ -180,6 +183,10 @@ def _parser() -> argparse.ArgumentParser:
     csv.add_argument("run")
     csv.add_argument("-o", "--output", help="default: standard output")
     csv.add_argument("--what", choices=WHATS, default="regions")
+    for command, sub_parser in sub.choices.items():
+        # A bad option value is reported with the usage of its command, not the top level's.
+        sub_parser.set_defaults(usage_of=sub_parser)
+        sub_parser.prog = f"cudatimer {command}"
     return parser
 
 
@@ -195,11 +202,25 @@ class _Version(argparse.Action):
 
 
 def _version() -> str:
-    import torch
+    """Read without importing torch (2-4 s): its version from the installed metadata, and the
+    recorder core that the chooser picks (importing it imports no torch)."""
+    from importlib import metadata
 
+    from ._config import PURE_PYTHON
     from ._version import __version__
+    from .core import _core
 
-    return f"cudatimer {__version__} (torch {torch.__version__}; {core_line()})"
+    try:
+        torch = f"torch {metadata.version('torch')}"
+    except metadata.PackageNotFoundError:
+        torch = "torch not installed"
+    if _core.IMPL == "c":
+        core = "core: C (cudatimer.core._speedups)"
+    elif PURE_PYTHON:
+        core = "core: Python (CUDATIMER_PURE_PYTHON is set)"
+    else:
+        core = "core: Python (cudatimer.core._speedups was not built)"
+    return f"cudatimer {__version__} ({torch}; {core})"
 
 
 def _positive(text: str) -> int:
@@ -212,7 +233,7 @@ def _positive(text: str) -> int:
     return value
 
 
-def _check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def _check_options(args: argparse.Namespace) -> None:
     """Refuse option values argparse cannot check (a format, column names, fractions) as a bad
     command line (exit 2), before any file is read: they are checked on an empty run."""
     command = args.command
@@ -229,6 +250,10 @@ def _check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             _show(empty, args)
         elif command == "compare":
             _check_compare(args, empty)
+        elif command == "plot" and args.output is not None:
+            from .render._plot import format_of
+
+            format_of(args.output)
         elif command == "html":
             if len(args.runs) > 2:
                 raise ValueError(
@@ -249,7 +274,7 @@ def _check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
                 confidence=args.confidence,
             )
     except (TypeError, ValueError) as exc:
-        parser.error(f"{command}: {exc}")
+        args.usage_of.error(str(exc))
 
 
 def _check_compare(args: argparse.Namespace, empty: Summary) -> None:
@@ -327,10 +352,41 @@ def _stem(path: str) -> str:
     return root if ext.lower() == ".json" else path
 
 
+def _load(path: str, command: str) -> Summary:
+    """The run saved at ``path``; for a cross-rank file, a ValueError that says which commands
+    read it, in commands (the reader is at a shell, not in Python)."""
+    data = read_json(path)
+    if isinstance(data, dict) and data.get("format") == RANKS_FORMAT:
+        quoted = shlex.quote(path)
+        advice = (
+            f"`python -m cudatimer.distributed show {quoted}` prints its cross-rank table and "
+            f"`cudatimer html {quoted}` writes its page"
+        )
+        if command == "trace":
+            advice += (
+                "; a trace holds one process's calls: give `cudatimer trace` one of the "
+                "per-rank files that were merged"
+            )
+        else:
+            advice += (
+                f"; to read all ranks as one run, fold them first: `python -m "
+                f"cudatimer.distributed merge {quoted} --flat -o all.json`, then "
+                f"`cudatimer {command} all.json`"
+            )
+        raise ValueError(
+            f"{path}: a cross-rank file (written by `python -m cudatimer.distributed merge`), "
+            f"not one run: {advice}"
+        )
+    try:
+        return summary_from_dict(data)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+
+
 def _run(args: argparse.Namespace) -> str:
     """Do the command; the text to print. Raises ValueError/OSError/ImportError on failure."""
     if args.command == "compare":
-        base, new = load(args.runs[0]), load(args.runs[1])
+        base, new = _load(args.runs[0], "compare"), _load(args.runs[1], "compare")
         labels = ("base", "new")
         stat = args.stat or "mean"
         return render_compare(
@@ -338,7 +394,7 @@ def _run(args: argparse.Namespace) -> str:
         )
     if args.command == "html":
         return _html(args)
-    summary: Summary = load(args.run)
+    summary = _load(args.run, args.command)
     if args.command == "show":
         return _show(summary, args)
     if args.command == "trace":
@@ -381,10 +437,14 @@ def _html(args: argparse.Namespace) -> str:
     if len(args.runs) == 1:
         (path,) = args.runs
         out = args.output or f"{_stem(path)}.html"
-        write_html(_load_run(path), out, **options)
+        run = _load_run(path)
+        if args.title is None:  # a page kept among others says which run it shows
+            ranks = f" ({len(run.ranks)} ranks)" if isinstance(run, RankSummary) else ""
+            options["title"] = f"cudatimer: {path}{ranks}"
+        write_html(run, out, **options)
         return f"wrote {out}"
     base_path, new_path = args.runs
-    base, new = load(base_path), load(new_path)
+    base, new = _load(base_path, "compare"), _load(new_path, "compare")
     out = args.output or f"{_stem(new_path)}-vs-{os.path.basename(_stem(base_path))}.html"
     if args.title is None:
         options["title"] = f"cudatimer: {new_path} (new) against {base_path} (base)"
@@ -441,7 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             parser = _parser()
             args = parser.parse_args(argv)
-            _check_options(parser, args)
+            _check_options(args)
         finally:
             sys.stdout.flush()  # --help's text
         return _command(args)

@@ -1,5 +1,5 @@
 """The package's version, in a module of its own: the CLI and the HTML report read it without
-importing the package face (which builds the default Timer)."""
+importing anything that needs torch."""
 
 __all__ = ["__version__"]
 

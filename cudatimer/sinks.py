@@ -68,7 +68,7 @@ def tensorboard(writer: Any, *, prefix: str = "cudatimer/") -> Sink:
 def _one_event_per_step(writer: Any) -> Any:
     """For a real SummaryWriter: write a step's scalars as one event of many values. One
     ``add_scalar`` per value cost ~4.5 ms a step for 248 values on the H200's host (1.11x a
-    GPT-2-small step, RESULTS section S); one event of 248 values is 13-20x cheaper (measured
+    GPT-2-small step, docs/benchmarks.md); one event of 248 values is 13-20x cheaper (measured
     on the CPU machine). None where the writer is not one (``add_scalar`` is used then)."""
     file_writer = getattr(writer, "file_writer", None)
     add_summary = getattr(file_writer, "add_summary", None)

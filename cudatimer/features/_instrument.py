@@ -276,7 +276,17 @@ def instrument(
                 handle.backward_regions[path] = "/".join(site.path)
             # Only the model itself may be compiled as a whole (torch.compile(model)); its
             # submodules' forwards run inside the frames Dynamo traces, or eagerly.
-            handle._undo.append(bind_forward(module, region, inner, entry=path == ""))
+            refusal = (
+                f"cudatimer: torch.jit.script cannot compile a {type(module).__name__} that "
+                f"instrument() times (region {name!r}): TorchScript cannot compile the timing "
+                "wrappers around its modules' forwards. Call remove() on the "
+                "handle instrument() returned, script the model, then time the scripted "
+                "model as a whole: cudatimer.cuda_timed(torch.jit.script(model), name=...); "
+                "or leave it unscripted (torch.compile keeps every module's region)"
+            )
+            handle._undo.append(
+                bind_forward(module, region, inner, entry=path == "", refusal=refusal)
+            )
             handle.regions[path] = name
     except BaseException:
         handle.remove()

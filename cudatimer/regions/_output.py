@@ -25,6 +25,7 @@ report(warmup=100): the window holds no step
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -139,9 +140,11 @@ def _checked(verb: str, options: Mapping[str, Any], allowed: Any) -> dict[str, A
     names = tuple(allowed.__annotations__)
     unknown = [k for k in options if k not in names]
     if unknown:
+        close = [m for k in sorted(unknown) for m in difflib.get_close_matches(k, names, n=1)]
+        hint = f" (did you mean {', '.join(f'{m}=' for m in close)}?)" if close else ""
         raise TypeError(
             f"{verb}() got unknown option(s) {', '.join(sorted(unknown))}; its options are "
-            f"{', '.join(names)}"
+            f"{', '.join(names)}{hint}"
         )
     return dict(options)
 
@@ -411,13 +414,21 @@ def to_dataframe(timer: Source, options: Mapping[str, Any]) -> Any:
 
 
 def plot(timer: Source, path: object, options: Mapping[str, Any]) -> None:
-    """Write the PNG (``render._plot.render_png``)."""
-    from ..render._plot import render_png
+    """Write the picture (``render._plot.render_png``), in the format the path's suffix names."""
+    from ..render._plot import format_of, render_png
 
     given = _checked("plot", options, PlotOptions)
+    fmt = format_of(path)
     target = to_file(path, binary=True)
     top = given.pop("top", 12)
-    output("plot", timer, given, lambda run, _: render_png(run, top=top), target, step_stats=True)
+    output(
+        "plot",
+        timer,
+        given,
+        lambda run, _: render_png(run, top=top, fmt=fmt),
+        target,
+        step_stats=True,
+    )
 
 
 def html(timer: Source, path: object, options: Mapping[str, Any]) -> None:

@@ -19,6 +19,7 @@ import math
 import os
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterable
 from typing import IO, Any, Literal, TypedDict, TypeVar
 
@@ -238,10 +239,12 @@ class _SampledRegion(Region):
 
 
 class _Seqs(threading.local):
-    """Per thread: the autograd node number at each open ``with`` of one backward region."""
+    """Per thread: the autograd node number at each open ``with`` of one backward region, and
+    whether ``backward_from`` was called in it."""
 
     def __init__(self) -> None:
         self.stack: list[int] = []
+        self.hooked: list[bool] = []
 
 
 class _BackwardRegion(Region):
@@ -264,7 +267,9 @@ class _BackwardRegion(Region):
         self._seqs = _Seqs()
 
     def __enter__(self) -> Region:
-        self._seqs.stack.append(_backward.seq_now())
+        seqs = self._seqs
+        seqs.stack.append(_backward.seq_now())
+        seqs.hooked.append(False)
         _core.RegionBase.__enter__(self)
         return self
 
@@ -272,9 +277,38 @@ class _BackwardRegion(Region):
         try:
             _core.RegionBase.__exit__(self, *exc)
         finally:
-            stack = self._seqs.stack
-            if stack:
-                stack.pop()
+            seqs = self._seqs
+            if seqs.stack:
+                seqs.stack.pop()
+                if not seqs.hooked.pop() and exc[0] is None:
+                    self._warn_unhooked()
+
+    def _warn_unhooked(self) -> None:
+        """A ``with`` block of a backward region that never called ``backward_from`` has no
+        backward row, and nothing else would say so: the forward row alone reads as if the
+        backward cost nothing. Once per name and Timer (``region(name, backward=True)`` makes
+        a new Region each call), when a backward row could have been timed."""
+        site = self.backward_site
+        if (
+            site is None
+            or not site.store.enabled
+            or not torch.is_grad_enabled()
+            or torch.compiler.is_compiling()
+        ):
+            return
+        warned = _UNHOOKED_WARNED.setdefault(self.timer, set())
+        if self.name in warned:
+            return
+        warned.add(self.name)
+        warnings.warn(
+            f"cudatimer: region {self.name!r} has backward=True, but its `with` block ended "
+            f"without calling backward_from(...), so it gets no backward row "
+            f"({self.name}.backward). Inside the block, hand it the tensors the block computed: "
+            f"`with cuda_region({self.name!r}, backward=True) as blk: out = f(x); "
+            "blk.backward_from(out)`",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def backward_from(self, *outputs: torch.Tensor) -> None:
         """Inside ``with region:``: time the backward of ``outputs`` (tensors computed in the
@@ -295,10 +329,14 @@ class _BackwardRegion(Region):
                 "this thread: the backward of a block is the autograd nodes made since the "
                 "block began, so call it inside the block"
             )
+        self._seqs.hooked[-1] = True
         site = self.backward_site
         if site is not None and torch.is_grad_enabled() and site.store.enabled:
             _backward.watch(outputs, stack[-1], site, bounded=True)
 
+
+#: Per Timer, the backward regions already warned about a block without ``backward_from``.
+_UNHOOKED_WARNED: weakref.WeakKeyDictionary[Timer, set[str]] = weakref.WeakKeyDictionary()
 
 #: What regions become when ``CUDATIMER_DISABLE`` is set: nothing on enter, exit or call.
 NULL_REGION: Any = _core.NullRegion()
@@ -307,16 +345,6 @@ NULL_REGION: Any = _core.NullRegion()
 def compiled() -> bool:
     """True when regions run the C core (``_speedups``)."""
     return bool(_core.IMPL == "c")
-
-
-def core_line() -> str:
-    """Which recorder core runs, and why when it is the Python one (``cudatimer --version``)."""
-    if compiled():
-        return "core: C (cudatimer.core._speedups)"
-    why = (
-        "CUDATIMER_PURE_PYTHON is set" if PURE_PYTHON else "cudatimer.core._speedups was not built"
-    )
-    return f"core: Python ({why})"
 
 
 def _core_note() -> str | None:

@@ -17,7 +17,7 @@ import inspect
 import types
 import warnings
 from collections.abc import Callable, Generator, Iterator
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import torch
 
@@ -82,7 +82,8 @@ def wrap(fn: Any, region: Region, entry: bool = True) -> Any:
     if site is not None:
         fn = _timing_backward(fn, site)
     if _is_module(fn):
-        bind_forward(fn, region)  # its forward is wrapped below, backward_site and all
+        # its forward is wrapped below, backward_site and all
+        bind_forward(fn, region, refusal=script_refusal(type(fn).__name__, region.name))
         return fn
     if isinstance(fn, type):
         return _wrap_class(fn, region)
@@ -164,8 +165,15 @@ def wrap(fn: Any, region: Region, entry: bool = True) -> Any:
     call = functools.partial(_compiled_entry, fn) if entry and _is_torch_function(fn) else fn
 
     # The region's own __enter__/__exit__ are the core's common case (and fall back to the
-    # recorder's general hooks themselves), so the wrapper calls them directly.
-    r_enter, r_exit = region.__enter__, region.__exit__
+    # recorder's general hooks themselves), so the wrapper calls them directly. A backward
+    # region's own pair keeps the bookkeeping of `with` blocks for backward_from (and warns
+    # when a block never calls it); a decorated call hooks its outputs itself, so it takes the
+    # core's pair.
+    if site is not None:
+        r_enter = _core.RegionBase.__enter__.__get__(region)
+        r_exit = _core.RegionBase.__exit__.__get__(region)
+    else:
+        r_enter, r_exit = region.__enter__, region.__exit__
     # Ints, so that Dynamo folds them into the graph where it inlines this wrapper.
     key, timer_key = _compile.key_of(region), region.timer.compile_key
 
@@ -283,6 +291,9 @@ def _wrap_class(cls: type, region: Region) -> type:
     if module_type and issubclass(cls, module_type):
         forward = cls.__dict__.get("forward") or cls.forward  # type: ignore[attr-defined]
         cls.forward = wrap(forward, region)  # type: ignore[attr-defined]
+        cls.__prepare_scriptable__ = _refuse_script(  # type: ignore[attr-defined]
+            script_refusal(cls.__name__, region.name, cls=True)
+        )
         return cls
     if callable(getattr(cls, "__enter__", None)) and callable(getattr(cls, "__exit__", None)):
         rec = region.timer.recorder
@@ -316,18 +327,45 @@ def _wrap_class(cls: type, region: Region) -> type:
     )
 
 
+def script_refusal(module: str, region: str, *, cls: bool = False) -> str:
+    """What ``torch.jit.script`` of a module timed by ``cuda_timed`` says: TorchScript cannot
+    compile the timing wrapper around its forward (it failed with "undefined value F" or
+    "Can't get source", pointing into cudatimer)."""
+    what = f"class {module}" if cls else f"this {module}"
+    return (
+        f"cudatimer: torch.jit.script cannot compile {what}: its forward is timed as region "
+        f"{region!r}, and TorchScript cannot compile the timing wrapper. Script an untimed "
+        "module first and time the scripted one as a whole: "
+        "cudatimer.cuda_timed(torch.jit.script(model), name=...), or leave it unscripted "
+        "(torch.compile keeps the regions inside it)"
+    )
+
+
+def _refuse_script(message: str) -> Callable[[], NoReturn]:
+    """A ``__prepare_scriptable__`` hook: ``torch.jit.script`` calls it on a module (and on
+    each submodule) before it compiles anything, so raising there names the cause."""
+
+    def refuse(*_: object) -> NoReturn:
+        raise RuntimeError(message)
+
+    return refuse
+
+
 def bind_forward(
     module: Any,
     region: Region,
     inner: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
     entry: bool = True,
+    *,
+    refusal: str,
 ) -> Callable[[], None]:
     """Time ``module.forward`` of this instance with ``region``; returns an undo function.
 
     The class's forward is bound to the module as a method (``types.MethodType``), so
     ``copy.deepcopy(module)`` rebinds it to the copy instead of calling the original's forward.
     A forward already set on the instance (another tool's wrapper) is wrapped as it is.
-    ``inner`` (optional) wraps the forward function before the region does.
+    ``inner`` (optional) wraps the forward function before the region does. ``refusal``: the
+    RuntimeError ``torch.jit.script`` of the module raises until the undo (what to do).
     """
     if isinstance(region, _core.NullRegion):  # CUDATIMER_DISABLE: the forward stays as it is
         return lambda: None
@@ -339,8 +377,16 @@ def bind_forward(
     if own is None:
         timed = types.MethodType(timed, module)
     module.forward = timed
+    own_hook = module.__dict__.get("__prepare_scriptable__")
+    hook = _refuse_script(refusal)
+    module.__prepare_scriptable__ = hook
 
     def undo() -> None:
+        if module.__dict__.get("__prepare_scriptable__") is hook:
+            if own_hook is None:
+                del module.__prepare_scriptable__
+            else:
+                module.__prepare_scriptable__ = own_hook
         if module.__dict__.get("forward") is timed:
             if own is None:
                 del module.forward

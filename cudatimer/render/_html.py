@@ -42,10 +42,12 @@ from ._report import (
     compare_note,
     compared,
     elide,
+    folded_ranks,
     gate_headline,
     gate_notes,
     host_bound,
     level_text,
+    per_step_title,
     rank_ranges,
     summary_notes,
 )
@@ -135,6 +137,7 @@ def _regions(summary: Summary) -> dict[str, Any]:
     gpu = any(r.gpu_total_ms is not None for r in summary.regions)
     syncs = any(r.syncs for r in summary.regions)
     steps = summary.steps
+    ranks = folded_ranks(summary)  # the cross-rank page's tree: per_step is per rank
     columns = [("region", "region", "text"), ("clock", "clock", "text"), ("calls", "calls", "int")]
     for key in ("total", "self", "mean", "p99"):  # GPU and CPU side by side
         if gpu:
@@ -142,7 +145,7 @@ def _regions(summary: Summary) -> dict[str, Any]:
         columns.append((f"cpu_{key}", f"CPU {key} ms", "ms"))
     columns += [("pct_parent", "% parent", "pct"), ("pct_total", "% total", "pct")]
     if steps:
-        columns.append(("per_step", "ms/step", "ms"))
+        columns.append(("per_step", per_step_title(ranks), "ms"))
     if gpu:
         columns.append(("cpu_gpu", "CPU/GPU", "x2"))
     if syncs:
@@ -164,7 +167,7 @@ def _regions(summary: Summary) -> dict[str, Any]:
             "cpu_p99": _num(r.cpu_p99_ms),
             "pct_parent": _num(row.of_parent),
             "pct_total": _num(row.share),
-            "per_step": _num(row.time_ms / steps) if steps else None,
+            "per_step": _num(row.time_ms / steps / ranks) if steps else None,
             "cpu_gpu": _num(r.cpu_total_ms / r.gpu_total_ms)
             if r.gpu_total_ms is not None and r.gpu_total_ms > 0
             else None,
@@ -248,9 +251,8 @@ def _meta(summary: Summary) -> list[list[str]]:
 
 def _run(summary: Summary, top: int, label: str) -> dict[str, Any]:
     rows = analyse(summary.regions)
-    notes = summary_notes(
-        summary, rows, [(row, "") for row in rows], ["gpu_self", "cpu_self", "bound"]
-    )
+    shown = ["gpu_self", "cpu_self", "bound", *(["per_step"] if summary.steps else [])]
+    notes = summary_notes(summary, rows, [(row, "") for row in rows], shown)
     return {
         "label": label,
         "meta": _meta(summary),
@@ -529,7 +531,8 @@ button{font:inherit;cursor:pointer}
 .tablewrap{overflow-x:auto;max-width:100%}
 table.grid{border-collapse:collapse;font-size:13px;font-variant-numeric:tabular-nums;white-space:nowrap}
 table.grid th{position:sticky;top:0;background:#f3f4f7;cursor:pointer;user-select:none;
-padding:.3em .5em;border-bottom:2px solid var(--line);text-align:right}
+padding:.3em .5em;border-bottom:2px solid var(--line);text-align:right;white-space:normal;
+vertical-align:bottom}
 table.grid th.text,table.grid td.text{text-align:left}
 table.grid th[aria-sort=ascending]::after{content:" \\25b2"}
 table.grid th[aria-sort=descending]::after{content:" \\25bc"}

@@ -14,9 +14,29 @@ from typing import IO, Any
 from ..records._records import RegionStats, Summary
 from ._write import to_file
 
-__all__ = ["plot", "render_png"]
+__all__ = ["FORMATS", "format_of", "plot", "render_png"]
 
 _GPU_COLOR, _CPU_COLOR = "#4363d8", "#f58231"
+
+#: File suffix -> the format written: a path's suffix names its format (a ``.svg`` file must not
+#: hold PNG bytes). A binary stream gets PNG.
+FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+
+
+def format_of(path: object) -> str:
+    """The format ``plot`` writes to ``path``: its suffix's for a file path (a ValueError for
+    another suffix), PNG for a binary stream."""
+    if not isinstance(path, (str, os.PathLike)):
+        return "png"
+    suffix = os.path.splitext(os.fspath(path))[1]
+    fmt = FORMATS.get(suffix.lower())
+    if fmt is None:
+        got = f"{suffix!r}" if suffix else "none"
+        raise ValueError(
+            f"path {os.fspath(path)!r}: its suffix names the picture's format, one of "
+            f"{', '.join(FORMATS)}; got {got}"
+        )
+    return fmt
 
 
 def _import_matplotlib() -> tuple[Any, Any]:
@@ -42,15 +62,21 @@ def plot(
     top: int = 12,
     title: str | None = None,
 ) -> None:
-    """Write ``render_png(summary, top=top, title=title)`` to ``path``: a file path (written
-    atomically: on failure no partial file is left) or a binary stream."""
+    """Write ``render_png(summary, top=top, title=title, fmt=format_of(path))`` to ``path``: a
+    file path whose suffix names the format (``.png``, ``.svg`` or ``.pdf``; another is
+    refused), written atomically (on failure no partial file is left), or a binary stream
+    (PNG)."""
+    fmt = format_of(path)
     target = to_file(path, binary=True)
-    target.write(render_png(summary, top=top, title=title))
+    target.write(render_png(summary, top=top, title=title, fmt=fmt))
 
 
-def render_png(summary: Summary, *, top: int = 12, title: str | None = None) -> bytes:
-    """A PNG: the ``top`` regions by time (GPU and CPU total side by side), and, when the
-    summary carries per-step stats of 2 steps or more, their time per step below.
+def render_png(
+    summary: Summary, *, top: int = 12, title: str | None = None, fmt: str = "png"
+) -> bytes:
+    """The picture, PNG by default (``fmt``: ``"svg"`` or ``"pdf"``): the ``top`` regions by
+    time (GPU and CPU total side by side), and, when the summary carries per-step stats of 2
+    steps or more, their time per step below.
 
     Times are inclusive (a parent's bar contains its children's).
     """
@@ -97,9 +123,11 @@ def render_png(summary: Summary, *, top: int = 12, title: str | None = None) -> 
     bars_ax.set_title(title if title is not None else default_title)
     if steps_ax is not None:
         _plot_steps(steps_ax, summary, regions[: min(5, len(regions))], steps)
-    png = io.BytesIO()
-    fig.savefig(png, format="png")
-    return png.getvalue()
+    if fmt not in FORMATS.values():
+        raise ValueError(f"fmt must be one of {', '.join(FORMATS.values())}, got {fmt!r}")
+    picture = io.BytesIO()
+    fig.savefig(picture, format=fmt)
+    return picture.getvalue()
 
 
 def _plot_steps(ax: Any, summary: Summary, regions: list[RegionStats], steps: list[int]) -> None:

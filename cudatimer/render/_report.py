@@ -26,6 +26,9 @@ __all__ = [
     "Compared",
     "compare_note",
     "compared",
+    "folded_ranks",
+    "per_step_note",
+    "per_step_title",
     "render",
     "render_compare",
 ]
@@ -144,6 +147,27 @@ def host_bound(r: RegionStats) -> bool:
 @dataclass(frozen=True)
 class _Ctx:
     steps: int
+    ranks: int = 1  # folded together into the summary (RankSummary.merged())
+
+
+def folded_ranks(summary: Summary) -> int:
+    """How many ranks ``summary`` holds folded together (``RankSummary.merged()``, ``merge
+    --flat``): its totals are sums over them. 1 for the run of one process."""
+    ranks = dict(summary.meta).get("ranks")
+    return max(1, len(ranks.split(","))) if ranks else 1
+
+
+def per_step_title(ranks: int) -> str:
+    """The per-step column's title: per rank when ranks were folded together (a sum over 2
+    ranks of 25 ms a step each must not read as 50 ms a step)."""
+    return "ms/step/rank" if ranks > 1 else "ms/step"
+
+
+def per_step_note(ranks: int) -> str:
+    return (
+        f"ms/step/rank: a region's time per step on one rank, the mean over the {ranks} ranks "
+        f"folded together (total / steps / {ranks})"
+    )
 
 
 _Cell = Callable[[_Row, _Ctx], str]
@@ -172,8 +196,8 @@ COLUMNS: dict[str, tuple[str, _Cell]] = {
     "pct_parent": ("% parent", lambda row, _: _pct(row.of_parent)),
     "pct_total": ("% total", lambda row, _: _pct(row.share)),
     "per_step": (
-        "ms/step",
-        lambda row, ctx: _ms(row.time_ms / ctx.steps) if ctx.steps else "-",
+        "ms/step",  # "ms/step/rank" for ranks folded together (per_step_title)
+        lambda row, ctx: _ms(row.time_ms / ctx.steps / ctx.ranks) if ctx.steps else "-",
     ),
     "cpu_gpu": (
         "cpu/gpu",
@@ -336,7 +360,7 @@ def render(
     else:
         shown = [(row, elide(row.r.name)) for row in sorted(keep, key=key)]
     chosen = _columns(columns, view, rows, summary)
-    ctx = _Ctx(steps=summary.steps)
+    ctx = _Ctx(steps=summary.steps, ranks=folded_ranks(summary))
     table = [
         [label if c == "region" else COLUMNS[c][1](row, ctx) for c in chosen]
         for row, label in shown
@@ -346,7 +370,7 @@ def render(
     elif not table:
         text = "cudatimer: no region matches the filters"
     else:
-        headers = [COLUMNS[c][0] for c in chosen]
+        headers = [per_step_title(ctx.ranks) if c == "per_step" else COLUMNS[c][0] for c in chosen]
         align = ["left" if c in _TEXT_COLUMNS else "right" for c in chosen]
         text = tabulate(table, headers=headers, tablefmt=fmt, disable_numparse=True, colalign=align)
     text += _sync_table(summary, fmt, top_syncs)
@@ -415,6 +439,9 @@ def summary_notes(
         notes.append(meta["compile_note"])
     if meta.get("graph_note"):
         notes.append(meta["graph_note"])
+    ranks = folded_ranks(summary)
+    if "per_step" in chosen and ranks > 1 and summary.steps:
+        notes.append(per_step_note(ranks))
     hidden = len(rows) - len(shown)
     if hidden > 0:
         notes.append(f"{hidden} region(s) hidden by match/min_share")

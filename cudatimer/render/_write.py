@@ -58,7 +58,10 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     try:
         with file as f:
             f.write(data)
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError as exc:  # onto a folder, say: name the path given, not the temporary
+            raise type(exc)(exc.errno, exc.strerror, target) from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)

@@ -215,7 +215,7 @@ SUPPORTED: bool = _ENTER is not None
 # then the Python kernel. Only the kernel's work is needed when the compiled code runs, so a
 # lowering of each mark keeps Inductor's node (its order, its dependencies, its effect token)
 # and makes the line it writes call the kernel straight, under these two names. The hop cost
-# 3.6 us a mark on the H200 host, 1.6 us on the CPU machine (see RESULTS.md, section C).
+# 3.6 us a mark on the H200 host, 1.6 us on the CPU machine (docs/benchmarks.md, torch.compile).
 # The C++ wrapper (``cpp_wrapper``), AOTInductor and the FX wrapper keep calling the op.
 _KERNEL_NAMES = {"enter": "run_enter", "exit": "run_exit"}
 if SUPPORTED:

@@ -250,6 +250,50 @@ def test_torch_jit_script_of_a_timed_function_is_refused_with_what_to_do() -> No
     assert cudatimer.summary()["scripted"].calls == 1
 
 
+class _Doubler(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+def test_torch_jit_script_of_a_timed_module_is_refused_with_what_to_do() -> None:
+    """Scripting a timed module (an instance or a decorated class) is refused naming the
+    region and what to do, not with TorchScript's error from inside cudatimer; scripted
+    first, the module is timed."""
+    timed = cudatimer.cuda_timed(_Doubler(), name="doubler")
+    with pytest.raises(RuntimeError) as info:
+        torch.jit.script(timed)
+    message = str(info.value)
+    assert "torch.jit.script cannot compile this _Doubler" in message
+    assert "timed as region 'doubler'" in message
+    assert "cudatimer.cuda_timed(torch.jit.script(model), name=...)" in message
+
+    @cudatimer.cuda_timed
+    class Tripler(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 3
+
+    with pytest.raises(RuntimeError, match="cannot compile class Tripler: its forward is timed"):
+        torch.jit.script(Tripler())
+    scripted = cudatimer.cuda_timed(torch.jit.script(_Doubler()), name="scripted")
+    assert torch.equal(scripted(torch.ones(2)), torch.full((2,), 2.0))
+    assert cudatimer.summary()["scripted"].calls == 1
+
+
+def test_torch_jit_script_of_an_instrumented_model_is_refused_until_removed() -> None:
+    """An instrumented model refuses scripting, saying to remove() first; after remove() it
+    scripts and runs as before."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    handle = cudatimer.instrument(model)
+    with pytest.raises(RuntimeError) as info:
+        torch.jit.script(model)
+    message = str(info.value)
+    assert "cannot compile a Sequential that instrument() times (region 'Sequential')" in message
+    assert "Call remove() on the handle instrument() returned" in message
+    handle.remove()
+    x = torch.ones(1, 4)
+    assert torch.equal(torch.jit.script(model)(x), model(x))
+
+
 _GENERATOR_ON_ANOTHER_THREAD = """
     import gc, sys, threading
     import cudatimer

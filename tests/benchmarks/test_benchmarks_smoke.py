@@ -90,6 +90,13 @@ def test_smoke_run_succeeds(smoke: dict[str, Any]) -> None:
     assert "| workload " in proc.stdout
 
 
+def test_smoke_run_prints_no_profiler_log_lines(smoke: dict[str, Any]) -> None:
+    """torch.profiler's Kineto "USDT:" lines (two per session) stay out of the output."""
+    proc = smoke["proc"]
+    printed = proc.stdout.splitlines() + proc.stderr.splitlines()
+    assert [line for line in printed if line.startswith("USDT:")] == []
+
+
 def test_outputs_exist(smoke: dict[str, Any]) -> None:
     """results.md and results.json are written (the chart too where matplotlib exists)."""
     out: Path = smoke["out"]

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.helpers.extras import needs
 
 ROOT = Path(__file__).resolve().parents[2]
 LIGHTNING_TIMERS = ("lightning-simple", "lightning-pytorch", "lightning-cudatimer")
@@ -16,7 +16,7 @@ LIGHTNING_TIMERS = ("lightning-simple", "lightning-pytorch", "lightning-cudatime
 
 def test_lightning_profilers_are_measured_side_by_side(tmp_path: Path) -> None:
     """compare.py --timers ...lightning... gives an ok row per profiler and workload."""
-    pytest.importorskip("lightning")
+    needs("lightning")
     timers = ",".join(("none", "cudatimer", *LIGHTNING_TIMERS))
     cmd = [
         sys.executable,

@@ -140,6 +140,49 @@ def test_bad_option_values_exit_2(
         assert message in capsys.readouterr().err
 
 
+def test_bad_option_values_print_the_commands_usage(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad option value prints the usage of its command, not the top level's."""
+    cases = [
+        (["show", str(runs["gpu"]), "--fmt", "nope"], "show"),
+        (["compare", str(runs["gpu"]), str(runs["gpu"]), "--tolerance", "-1"], "compare"),
+        (["html", str(runs["gpu"]), "--top", "0"], "html"),
+        (["plot", str(runs["gpu"]), "-o", "out.jpg"], "plot"),
+    ]
+    for argv, command in cases:
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"usage: cudatimer {command} "), err
+        assert f"\ncudatimer {command}: error: " in err
+
+
+def test_plot_output_names_its_format(runs: dict[str, Path], tmp_path: Path) -> None:
+    """plot -o writes the format its suffix names; another suffix is a bad command line,
+    refused before the run is read."""
+    pytest.importorskip("matplotlib")
+    heads = {"svg": b"<?xml", "pdf": b"%PDF-", "PNG": b"\x89PNG"}
+    for suffix, head in heads.items():
+        out = tmp_path / f"picture.{suffix}"
+        assert main(["plot", str(runs["gpu"]), "-o", str(out)]) == 0
+        assert out.read_bytes()[:5].startswith(head), suffix
+    with pytest.raises(SystemExit) as info:
+        main(["plot", str(tmp_path / "absent.json"), "-o", str(tmp_path / "picture.jpg")])
+    assert info.value.code == 2
+    assert not (tmp_path / "picture.jpg").exists()
+
+
+def test_show_help_lists_only_options_it_takes(capsys: pytest.CaptureFixture[str]) -> None:
+    """show --help does not offer --last/--steps/--warmup, which show refuses."""
+    with pytest.raises(SystemExit):
+        main(["show", "--help"])
+    out = capsys.readouterr().out
+    assert "--match" in out
+    assert not {"--last", "--steps", "--warmup"} & set(out.replace("[", " ").split())
+
+
 def test_option_values_are_checked_before_the_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -202,6 +245,34 @@ def test_show_on_a_cross_rank_file_names_its_command(
     err = capsys.readouterr().err
     assert "a cross-rank file" in err and str(merged) in err
     assert "python -m cudatimer.distributed show" in err
+
+
+@pytest.mark.parametrize("command", ["trace", "show", "csv", "plot", "compare"])
+def test_a_cross_rank_file_gets_command_line_advice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """Each command given a merged cross-rank file names the commands that read it, with
+    the file's path, and no Python call."""
+    from cudatimer import distributed
+
+    for rank in (0, 1):
+        save(host_run(), tmp_path / f"rank{rank}.json")
+    merged = tmp_path / "merged.json"
+    distributed.main(
+        ["merge", *(str(tmp_path / f"rank{r}.json") for r in (0, 1)), "-o", str(merged)]
+    )
+    capsys.readouterr()
+    argv = [command, str(merged)] + ([str(merged)] if command == "compare" else [])
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"`python -m cudatimer.distributed show {merged}`" in err
+    assert f"`cudatimer html {merged}`" in err
+    if command == "trace":
+        assert "give `cudatimer trace` one of the per-rank files that were merged" in err
+    else:
+        fold = f"`python -m cudatimer.distributed merge {merged} --flat -o all.json`"
+        assert fold in err and f"then `cudatimer {command} all.json`" in err
+    assert "(" not in err.split("not one run:")[1]  # no save(...), merged(), load(...) advice
 
 
 def test_documented_exit_codes_match(runs: dict[str, Path], tmp_path: Path) -> None:

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.helpers.docs_blocks import Block, blocks, documents, python_blocks
+from tests.helpers.extras import INSTALL
 from tests.helpers.subproc import run_python
 
 BLOCKS = python_blocks()
@@ -31,6 +33,9 @@ def test_block_runs_as_pasted(block: Block, tmp_path: Path) -> None:
         pytest.skip(f"marked skip: {block.skip}")
     if block.gpu and not torch.cuda.is_available():
         pytest.skip("marked gpu: needs a CUDA device")
+    missing = [m for m in block.needs if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"marked needs: {', '.join(missing)} not installed ({INSTALL})")
     code = _setups(block) + block.code
     done = run_python(code, {"MPLBACKEND": "Agg"}, cwd=tmp_path, timeout=240)
     assert done.returncode == 0, f"{block.id} failed:\n{done.stderr[-3000:]}"

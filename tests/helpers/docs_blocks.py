@@ -3,6 +3,7 @@
 A marker is an HTML comment on the line just before a fence (invisible on GitHub):
 
     <!-- snippet: gpu -->               needs CUDA: skipped without it
+    <!-- snippet: needs=lightning -->   needs that package (of an extra): skipped without it
     <!-- snippet: define=run -->        the setup named "run", for other blocks of the file
     <!-- snippet: setup=run -->         run the setup "run" of the same file first
     <!-- snippet: skip REASON -->       not run, for the reason given (say why)
@@ -28,6 +29,7 @@ class Block:
     lang: str
     code: str
     gpu: bool = False
+    needs: list[str] = field(default_factory=list)
     define: str | None = None
     setup: list[str] = field(default_factory=list)
     skip: str | None = None
@@ -47,6 +49,8 @@ def _apply(block: Block, marker: str) -> None:
         token = tokens.pop(0)
         if token == "gpu":
             block.gpu = True
+        elif token.startswith("needs="):
+            block.needs += token.removeprefix("needs=").split(",")
         elif token.startswith("define="):
             block.define = token.removeprefix("define=")
         elif token.startswith("setup="):

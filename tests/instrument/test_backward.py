@@ -6,6 +6,7 @@ GPU times come from the fake GPU (tests/helpers/fake_cuda.py); the real one is i
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -347,6 +348,37 @@ def test_a_with_block_times_the_backward_of_what_it_hands_in(gpu: FakeGPU) -> No
     s = t.summary()
     assert calls(t) == {"mix": 1, "mix.backward": 1}
     assert s["mix.backward"].gpu_total_ms == pytest.approx(3.0)
+
+
+def test_a_with_block_without_backward_from_warns_once_naming_it() -> None:
+    """A backward=True block that ends without backward_from() warns, once, naming the
+    region and the call to make; a block that calls it, a decorated call and a block under
+    no_grad do not warn."""
+    t = Timer(name="unhooked")
+    layer = nn.Linear(4, 4)
+    with pytest.warns(RuntimeWarning) as caught:
+        for _ in range(3):
+            with t.region("blk", backward=True):
+                y = layer(X)
+            y.sum().backward()
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert "region 'blk' has backward=True, but its `with` block ended without calling " in message
+    assert "backward_from(...), so it gets no backward row (blk.backward)" in message
+    assert "blk.backward_from(out)" in message
+    assert caught[0].filename == __file__
+    assert calls(t) == {"blk": 3}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        region = t.region("hooked", backward=True)
+        with region:
+            y = layer(X)
+            region.backward_from(y)
+        y.sum().backward()
+        t.timed(lambda x: layer(x), name="decorated", backward=True)(X).sum().backward()
+        with torch.no_grad(), t.region("inference", backward=True):
+            layer(X)
+    assert calls(t)["hooked.backward"] == 1 and calls(t)["decorated.backward"] == 1
 
 
 def test_a_module_decorated_with_backward() -> None:

@@ -16,6 +16,7 @@ import pytest
 import cudatimer
 import cudatimer.sinks
 from cudatimer import StepFeed, StepTimes, Timer
+from tests.helpers.extras import needs
 from tests.helpers.fake_cuda import FakeGPU, install
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -224,7 +225,7 @@ def test_bad_arguments_name_what_was_expected() -> None:
 
 def test_tensorboard_sink_writes_every_step_to_a_real_summary_writer(tmp_path: Path) -> None:
     """The TensorBoard adapter's scalars reach an event file, one point per step."""
-    pytest.importorskip("tensorboard")
+    needs("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from torch.utils.tensorboard import SummaryWriter
 
@@ -247,7 +248,7 @@ def test_tensorboard_sink_writes_every_step_to_a_real_summary_writer(tmp_path: P
 
 def test_tensorboard_sink_writes_one_event_per_step(tmp_path: Path) -> None:
     """A real SummaryWriter gets each step's scalars as one event, with the values sent."""
-    pytest.importorskip("tensorboard")
+    needs("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from torch.utils.tensorboard import SummaryWriter
 

@@ -15,6 +15,7 @@ import torch
 
 import cudatimer
 from tests.hard_cases.test_gpu_core import SYNC_CALLS, count_runtime_calls
+from tests.helpers.extras import needs
 
 pytestmark = pytest.mark.gpu
 
@@ -38,7 +39,7 @@ def _syncs(counts: dict[str, int]) -> dict[str, int]:
 
 def test_lightning_fit_on_gpu_has_gpu_rows_and_adds_no_sync() -> None:
     """A Lightning fit on cuda:0: actions on the GPU clock, steps fed, no sync added."""
-    pl = pytest.importorskip("lightning.pytorch")
+    pl = needs("lightning.pytorch")
     from cudatimer.lightning import CudaTimerCallback, CudaTimerProfiler
     from tests.helpers.lightning_ddp_script import Tiny
 
@@ -81,7 +82,7 @@ def test_lightning_fit_on_gpu_has_gpu_rows_and_adds_no_sync() -> None:
 
 def test_hf_trainer_on_gpu_has_gpu_rows_and_adds_no_sync(tmp_path: Path) -> None:
     """A transformers Trainer run on cuda:0: step phases on the GPU clock, no sync added."""
-    transformers = pytest.importorskip("transformers")
+    transformers = needs("transformers")
     import cudatimer.hf
 
     ids = torch.randint(0, 64, (2 * STEPS, 8), generator=torch.Generator().manual_seed(0))

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import cudatimer
+from tests.helpers.extras import needs
 
-transformers = pytest.importorskip("transformers")
+transformers = needs("transformers")
 
 import cudatimer.hf  # noqa: E402
 
@@ -94,7 +95,7 @@ def test_times_reach_the_logs_and_report_to_tensorboard(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each log holds the finished steps' region times; TensorBoard (report_to) gets them."""
-    pytest.importorskip("tensorboard")
+    needs("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     logs = tmp_path / "tb"

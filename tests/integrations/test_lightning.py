@@ -17,8 +17,9 @@ import pytest
 import torch
 
 import cudatimer
+from tests.helpers.extras import needs
 
-pl = pytest.importorskip("lightning.pytorch")
+pl = needs("lightning.pytorch")
 
 from cudatimer.lightning import CudaTimerCallback, CudaTimerProfiler  # noqa: E402
 from tests.helpers.lightning_ddp_script import Tiny  # noqa: E402

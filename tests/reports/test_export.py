@@ -211,6 +211,29 @@ def test_plot_writes_png(tmp_path: Path) -> None:
     assert w1 == w2 and h1 > h2
 
 
+@pytest.mark.parametrize(
+    ("name", "head"),
+    [("r.svg", b"<?xml"), ("r.pdf", b"%PDF-"), ("r.png", b"\x89PNG"), ("R.SVG", b"<?xml")],
+)
+def test_plot_writes_the_format_its_suffix_names(tmp_path: Path, name: str, head: bytes) -> None:
+    """plot("r.svg") writes SVG, "r.pdf" PDF, "r.png" PNG (the suffix in any case)."""
+    pytest.importorskip("matplotlib")
+    cudatimer.plot(tmp_path / name, summary=gpu_run())
+    assert (tmp_path / name).read_bytes().startswith(head)
+
+
+@pytest.mark.parametrize("name", ["r.jpg", "report", "r.png.txt"])
+def test_plot_refuses_a_suffix_it_cannot_write(tmp_path: Path, name: str) -> None:
+    """Another suffix (or none) is refused naming the three it writes; nothing is written."""
+    with pytest.raises(
+        ValueError,
+        match=r"its suffix names the picture's format, one of "
+        r"\.png, \.svg, \.pdf; got ",
+    ):
+        cudatimer.plot(tmp_path / name, summary=gpu_run())
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_plot_to_stream_and_checks() -> None:
     """plot accepts a binary stream; an empty summary or a bad top= is refused."""
     pytest.importorskip("matplotlib")

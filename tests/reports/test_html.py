@@ -257,10 +257,15 @@ def runs(tmp_path: Path) -> dict[str, Path]:
 def test_cli_html_writes_the_page(
     runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`cudatimer html RUN.json` writes RUN.html, the page render_html gives; -o and --top too."""
+    """`cudatimer html RUN.json` writes RUN.html, the page render_html gives, titled with the
+    file's name; -o and --top too."""
     assert main(["html", str(runs["gpu"])]) == 0
     assert capsys.readouterr().out == f"wrote {tmp_path / 'gpu.html'}\n"
-    assert (tmp_path / "gpu.html").read_text() == render_html(gpu_run())
+    page = (tmp_path / "gpu.html").read_text()
+    assert page == render_html(gpu_run(), title=f"cudatimer: {runs['gpu']}")
+    assert f"<title>cudatimer: {runs['gpu']}</title>" in page
+    assert main(["html", str(runs["gpu"]), "--title", "mine", "-o", str(tmp_path / "t.html")]) == 0
+    assert "<title>mine</title>" in (tmp_path / "t.html").read_text()
     assert main(["html", str(runs["gpu"]), "-o", str(tmp_path / "o.html"), "--top", "1"]) == 0
     assert len(data_of((tmp_path / "o.html").read_text())["runs"][0]["chart"]["series"]) == 1
 
@@ -312,3 +317,24 @@ def test_chart_leaves_out_top_regions_without_steps() -> None:
     run = dataclasses.replace(run, step_stats=tuple(s for s in run.step_stats if s.name != "r2"))
     chart = data_of(render_html(run))["runs"][0]["chart"]
     assert [s["name"] for s in chart["series"]] == ["r1", "r0"]
+
+
+def test_the_cross_rank_page_shows_ms_per_step_per_rank() -> None:
+    """The cross-rank page's tree of all ranks folded together has ms/step per rank, titled
+    so, with the note saying how it is computed."""
+    rank = Summary(
+        regions=(
+            RegionStats("step", "cuda:0", 4, Histogram.of([25.0] * 4), Histogram.of([1.0] * 4)),
+        ),
+        steps=4,
+    )
+    folded = data_of(render_html(RankSummary((0, 1), (rank, rank))))["runs"][0]
+    columns = [c[1] for c in folded["regions"]["columns"]]
+    assert "ms/step/rank" in columns and "ms/step" not in columns
+    row = folded["regions"]["rows"][0]
+    assert row[4 + columns.index("ms/step/rank")] == 25.0  # after parent, level, title, class
+    assert any(
+        n.startswith("ms/step/rank: a region's time per step on one rank") for n in folded["notes"]
+    )
+    single = data_of(render_html(rank))["runs"][0]
+    assert "ms/step" in [c[1] for c in single["regions"]["columns"]]

@@ -237,3 +237,40 @@ def test_a_tree_3000_deep_renders(browser: Browser, tmp_path: Path) -> None:
     page.click(f'{REGIONS} tr[data-row="0"] button.toggle')
     assert labels(page) == ["n0"]
     assert page.errors == []
+
+
+def _gpt2_rank(scale: float, steps: int = 200) -> Summary:
+    """One rank of a GPT-2-small training loop instrumented to depth 6, 200 steps."""
+    paths = ["train_step", "train_step/forward", "train_step/forward/GPT2LMHeadModel"]
+    paths.append("train_step/forward/GPT2LMHeadModel/transformer")
+    for i in range(12):
+        block = f"train_step/forward/GPT2LMHeadModel/transformer/h.{i}"
+        paths += [block, f"{block}/attn", f"{block}/attn/c_attn", f"{block}/mlp"]
+    paths += ["train_step/backward", "train_step/optimizer"]
+    regions = []
+    for path in paths:
+        depth = path.count("/")
+        ms = scale * 250.0 / 2**depth
+        gpu, cpu = Histogram.of([ms] * steps), Histogram.of([0.4 * ms] * steps)
+        regions.append(RegionStats(path, "cuda:0", steps * (1 + depth), gpu, cpu, depth=depth))
+    return Summary(regions=tuple(regions), steps=steps)
+
+
+def test_the_cross_rank_table_fits_a_1400_px_window(browser: Browser, tmp_path: Path) -> None:
+    """In a 1400-px window the cross-rank table of a GPT-2 run needs no horizontal scroll:
+    its last column (p99) is in view."""
+    page = open_page(browser, RankSummary((0, 1), (_gpt2_rank(1.0), _gpt2_rank(1.13))), tmp_path)
+    metrics = {"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": False}
+    browser.send("Emulation.setDeviceMetricsOverride", metrics, session=page.session)
+    table = "table[data-table=ranks]"
+    wrap = page.evaluate(
+        f"(() => {{ const w = document.querySelector('{table}').closest('.tablewrap');"
+        " return [w.scrollWidth, w.clientWidth]; })()"
+    )
+    assert wrap[0] <= wrap[1], wrap
+    last = page.evaluate(
+        f"(() => {{ const th = [...document.querySelectorAll('{table} th')].pop();"
+        " return [th.textContent, th.getBoundingClientRect().right,"
+        " document.documentElement.clientWidth]; })()"
+    )
+    assert last[0].startswith("p99") and last[1] <= last[2], last

@@ -147,6 +147,12 @@ def test_write_errors_name_the_users_path(tmp_path: Path) -> None:
     with pytest.raises(NotADirectoryError) as info:
         cudatimer.save(target)
     assert info.value.filename == str(target) and ".tmp" not in str(info.value)
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(IsADirectoryError) as onto:
+        cudatimer.save(tmp_path / "adir")
+    assert onto.value.filename == str(tmp_path / "adir") and ".tmp" not in str(onto.value)
+    assert onto.value.filename2 is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile"]  # no temporary left
     if os.geteuid() != 0:  # root writes anywhere
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o500)
@@ -201,3 +207,26 @@ def test_report_has_no_core_note_on_the_c_core() -> None:
     with cudatimer.cuda_region("a"):
         pass
     assert "Python core" not in cudatimer.report(file=io.StringIO())
+
+
+def test_report_names_an_unknown_option_and_lists_the_options() -> None:
+    """report(warm_up=5) says which option is unknown, the one meant, and every option, not
+    the renderer's internal name."""
+    _steps_never_marked()
+    with pytest.raises(TypeError) as info:
+        cudatimer.report(warm_up=5)
+    message = str(info.value)
+    assert message.startswith("report() got unknown option(s) warm_up; its options are ")
+    assert message.endswith(" (did you mean warmup=?)")
+    options = message.split("its options are ")[1].split(" (did")[0].split(", ")
+    assert {"view", "sort", "fmt", "columns", "warmup", "last", "file", "summary"} <= set(options)
+    assert "render" not in message
+
+
+def test_report_of_a_positional_run_hints_at_summary() -> None:
+    """report(run) refuses the positional argument and says to pass it as summary=."""
+    _steps_never_marked()
+    run = cudatimer.summary()
+    with pytest.raises(TypeError, match=r"pass it as report\(summary=cudatimer.load\(path\)\)"):
+        cudatimer.report(run)
+    assert "train_step" in cudatimer.report(summary=run, file=io.StringIO())

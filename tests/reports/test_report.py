@@ -3,6 +3,7 @@ compare, output to streams and loggers, and the report at exit."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import os
@@ -449,3 +450,35 @@ def test_report_takes_the_table_options_of_the_renderer() -> None:
     assert own == ["file", "logger", "level", *table]
     with pytest.raises(TypeError, match=r"^report\(\) got unknown option\(s\) colour; its options"):
         cudatimer.report(colour="red")
+
+
+def _two_ranks_of_25_ms_a_step() -> cudatimer.Summary:
+    """Two ranks of 4 steps, each of 25 ms a step in "step", folded into one Summary (as
+    ``merge --flat`` writes it)."""
+    from cudatimer.records._ranks import RankSummary
+
+    rank = Summary(
+        regions=(
+            RegionStats("step", "cuda:0", 4, Histogram.of([25.0] * 4), Histogram.of([1.0] * 4)),
+        ),
+        steps=4,
+    )
+    return RankSummary((0, 1), (rank, rank)).merged()
+
+
+def test_a_folded_cross_rank_run_shows_ms_per_step_per_rank() -> None:
+    """ms/step of ranks folded together is per rank and says so (25, not the sum 50), with a
+    note that names how it is computed; one process's run keeps its plain ms/step."""
+    folded = _two_ranks_of_25_ms_a_step()
+    text = render(folded, columns=["region", "gpu_total", "per_step"], fmt="plain")
+    header, row = text.splitlines()[:2]
+    assert header.split()[-1] == "ms/step/rank"
+    assert row.split() == ["step", "200.000", "25.000"]
+    assert (
+        "note: ms/step/rank: a region's time per step on one rank, the mean over the 2 ranks"
+        in text
+    )
+    single = dataclasses.replace(folded, meta=())
+    plain = render(single, columns=["region", "per_step"], fmt="plain")
+    assert plain.splitlines()[0].split() == ["region", "ms/step"]
+    assert plain.splitlines()[1].split() == ["step", "50.000"] and "ms/step/rank" not in plain
