@@ -14,8 +14,6 @@
 from __future__ import annotations
 
 import atexit
-import difflib
-import inspect
 import os
 import sys
 import threading
