@@ -284,9 +284,10 @@ def test_failed_write_leaves_nothing_behind(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str, previous: bytes | None
 ) -> None:
     """A write failing half-way leaves no temporary or partial file; a previous one is kept."""
-    WRITERS[what](tmp_path / "warm.out")  # imports (matplotlib, fonts) before writes fail
-    (tmp_path / "warm.out").unlink()
-    out = tmp_path / "sub" / "out"
+    # .png: plot writes the format its suffix names; the other writers take any name.
+    WRITERS[what](tmp_path / "warm.png")  # imports (matplotlib, fonts) before writes fail
+    (tmp_path / "warm.png").unlink()
+    out = tmp_path / "sub" / "out.png"
     out.parent.mkdir()
     if previous is not None:
         out.write_bytes(previous)
@@ -294,7 +295,7 @@ def test_failed_write_leaves_nothing_behind(
     with pytest.raises(OSError, match="No space left"):
         WRITERS[what](out)
     monkeypatch.undo()
-    expected = [] if previous is None else ["out"]
+    expected = [] if previous is None else ["out.png"]
     assert sorted(p.name for p in out.parent.iterdir()) == expected
     if previous is not None:
         assert out.read_bytes() == previous
