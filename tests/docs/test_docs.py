@@ -273,6 +273,7 @@ def test_extras_hold_what_their_names_say() -> None:
     assert names("test") == {
         "pytest",
         "pytest-timeout",
+        "pytest-xdist",
         "nvidia-nvtx",
         "pandas",
         "matplotlib",
