@@ -23,6 +23,7 @@ from .features import _exit
 from .features._feed import StepFeed, StepTimes
 from .features._graphs import timed_replay
 from .features._instrument import Instrumented, instrument
+from .features._live import live
 from .features._nsight import nsight_capture
 from .features._syncs import SyncDetection, detect_syncs
 from .records._hist import ALPHA, Histogram
@@ -60,6 +61,7 @@ __all__ = [
     "html",
     "instrument",
     "is_enabled",
+    "live",
     "load",
     "mark",
     "nsight_capture",
