@@ -571,38 +571,42 @@ class Live:
 
     # -- the end -----------------------------------------------------------------------------
     def _finish(self, state: str, reason: str, wait_s: float = FINAL_WAIT_S) -> None:
-        """Write the final state once (the GPU waited for at most ``wait_s``, by polling)."""
+        """Write the final state once (the GPU waited for at most ``wait_s``, by polling).
+        A second caller (the signal handler while the watcher thread writes) waits for the
+        first: the publisher leaves the registry only once its final state is written."""
         with self._lock:
             if self.closed:
                 return
             self.closed = True
             self._stop.set()
-            with _registry_lock:
-                if self in _publishers:
-                    _publishers.remove(self)
-            _uninstall_hooks()
-            if not self.path or os.getpid() != self._owner:
-                return  # never started (a sink no step reached), or a forked child
-            deadline = time.monotonic() + wait_s
             try:
-                self._drain(deadline)
-                self._read()
-            except Exception as exc:  # the final state is written with what was read
-                reason = reason or f"reading the last steps failed: {exc!r}"
-            summary = _summary_within(self.timer, max(0.1, deadline - time.monotonic()))
-            meta_done = summary is not None
-            if summary is not None:
-                summary["meta"].update(
-                    {"rank": str(self.rank), "world_size": str(self.world_size), "host": self._host}
-                )
-            try:
-                self._write(state, reason, summary if meta_done else None)
-            except Exception as exc:
-                warnings.warn(
-                    f"cudatimer.live: the final state of {self.path} was not written: {exc!r}",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
+                if self.path and os.getpid() == self._owner:  # not a sink no step reached
+                    self._final(state, reason, time.monotonic() + wait_s)
+            finally:
+                with _registry_lock:
+                    if self in _publishers:
+                        _publishers.remove(self)
+                _uninstall_hooks()
+
+    def _final(self, state: str, reason: str, deadline: float) -> None:
+        try:
+            self._drain(deadline)
+            self._read()
+        except Exception as exc:  # the final state is written with what was read
+            reason = reason or f"reading the last steps failed: {exc!r}"
+        summary = _summary_within(self.timer, max(0.1, deadline - time.monotonic()))
+        if summary is not None:
+            summary["meta"].update(
+                {"rank": str(self.rank), "world_size": str(self.world_size), "host": self._host}
+            )
+        try:
+            self._write(state, reason, summary)
+        except Exception as exc:
+            warnings.warn(
+                f"cudatimer.live: the final state of {self.path} was not written: {exc!r}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def _drain(self, deadline: float) -> None:
         """Poll (never a blocking CUDA call) until the marked steps are finished or time is
@@ -711,9 +715,12 @@ def _watcher(fd: int) -> None:
         if not data:
             return
         if signal.SIGTERM in data and _publishers:
+            if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+                continue  # a handler installed after ours owns the signal now
+            previous = _previous.get("sigterm", signal.SIG_DFL)
             for pub in list(_publishers):
                 pub._finish("terminated", "SIGTERM")
-            if _previous.get("sigterm", signal.SIG_DFL) is signal.SIG_DFL:
+            if previous is signal.SIG_DFL:
                 time.sleep(_GRACE_S)  # the handler, if the main thread runs, ends it first
                 _default_action(signal.SIGTERM)
 
@@ -762,9 +769,9 @@ def _excepthook(
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    previous = _previous.get("sigterm", signal.SIG_DFL)  # before _finish puts it back
     for pub in list(_publishers):
         pub._finish("terminated", "SIGTERM")
-    previous = _previous.get("sigterm", signal.SIG_DFL)
     if callable(previous):
         previous(signum, frame)
         return

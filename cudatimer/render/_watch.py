@@ -193,6 +193,14 @@ def _steps_per_s(f: LiveFile, now: float) -> float | None:
     return (s1 - s0) / (t1 - t0) if t1 > t0 and s1 >= s0 else None
 
 
+def _interval(f: LiveFile) -> float:
+    """The typical time between steps while steps were being marked (0: unknown)."""
+    if len(f.rate) < 2:
+        return 0.0
+    (t0, s0), (t1, s1) = f.rate[max(0, len(f.rate) - 16)], f.rate[-1]
+    return (t1 - t0) / (s1 - s0) if s1 > s0 else 0.0
+
+
 def _rank_view(f: LiveFile, now: float, host: str) -> RankView:
     age = max(0.0, now - f.updated_unix_s)
     rate = _steps_per_s(f, now)
@@ -204,7 +212,7 @@ def _rank_view(f: LiveFile, now: float, host: str) -> RankView:
             end = f.updated_unix_s  # what the file knew when last written
             status = "stale" if f.host != host else "stalled" if _alive(f.pid) else "gone"
         idle = max(0.0, end - since)
-        typical = 1.0 / rate if rate else 0.0
+        typical = _interval(f)
         if status == "running" and idle > max(QUIET_MIN_S, QUIET_INTERVALS * typical):
             status = "quiet"
     else:
@@ -409,7 +417,7 @@ def _status(ranks: tuple[RankView, ...], now: float) -> tuple[str, str]:
         )
     if worst.status == "quiet":
         what = "no step for" if f.finished else "no step finished in"
-        return "quiet", f"{what} {_seconds(worst.idle_s)}; {_where(worst, several)}"
+        return "quiet", f"quiet: {what} {_seconds(worst.idle_s)}; {_where(worst, several)}"
     done = [r for r in ranks if r.file.final]
     rates = [r.steps_per_s for r in live if r.steps_per_s is not None]
     parts = [f"running: step {min(r.file.step for r in live)}"]
@@ -426,14 +434,21 @@ def _status(ranks: tuple[RankView, ...], now: float) -> tuple[str, str]:
 # -- the frame ---------------------------------------------------------------------------
 def ascii_terminal(environ: Any = None) -> bool:
     """Whether only ASCII may be drawn: the locale the environment names (LC_ALL, LC_CTYPE,
-    LANG, the first set) is not UTF-8 (``LANG=C``, or none set)."""
+    LANG, the first set) is not UTF-8 (``LANG=C``, or none set; Python's own coercion of a C
+    locale to C.UTF-8 does not count: the terminal still has the C locale)."""
     env = os.environ if environ is None else environ
-    for name in ("LC_ALL", "LC_CTYPE", "LANG"):
-        value = env.get(name)
+    lang = env.get("LANG", "")
+    ctype = env.get("LC_CTYPE", "")
+    if not env.get("LC_ALL") and lang in ("", "C", "POSIX") and ctype.lower() in _COERCED:
+        # Python itself sets LC_CTYPE=C.UTF-8 in a C locale (PEP 538): the terminal's is C.
+        return True
+    for value in (env.get("LC_ALL"), ctype, lang):
         if value:
-            v = value.lower().replace("-", "")
-            return "utf8" not in v
+            return "utf8" not in value.lower().replace("-", "")
     return True
+
+
+_COERCED = ("c.utf-8", "c.utf8", "utf-8")
 
 
 def _ms(v: float) -> str:
@@ -520,13 +535,15 @@ def frame(
     several = len(model.ranks) > 1
     lines: list[str] = []
     clock_now = time.strftime("%H:%M:%S", time.localtime(model.now_unix_s))
-    what = model.pattern
+    suffix = ""
     if several:
-        what += f" ({len(model.ranks)} ranks)"
+        suffix = f" ({len(model.ranks)} ranks)"
     elif model.ranks:
         f = model.ranks[0].file
-        what += f" (rank {f.rank}, pid {f.pid})"
-    title = f"cudatimer watch  {what}"
+        suffix = f" (rank {f.rank}, pid {f.pid})"
+    head = "cudatimer watch  "
+    room = max(4, width - len(clock_now) - 1 - len(head) - len(suffix))
+    title = head + _fit(model.pattern, room, ell, left=True) + suffix  # the file's name kept
     lines.append(
         _fit(title, width - len(clock_now) - 1, ell).ljust(width - len(clock_now)) + clock_now
     )
@@ -709,6 +726,10 @@ def run_tty(
                 continue
             opts = _key(opts, ch, m, screen.getmaxyx()[0])
 
+    # The terminal's own size: curses takes LINES/COLUMNS from the environment first (a
+    # shell or a test runner may export them), and would keep that size through resizes.
+    for name in ("LINES", "COLUMNS"):
+        os.environ.pop(name, None)
     try:
         curses.wrapper(main)
     except curses.error as exc:
