@@ -53,11 +53,15 @@ _BARS_ASCII = "_.,-=+*#"
 
 
 # -- reading the files ---------------------------------------------------------------------
+def _magic(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
 def _paths(pattern: str) -> list[str]:
     if os.path.isdir(pattern):
         return sorted(glob.glob(os.path.join(glob.escape(pattern), "*.json")))
     spec = pattern.replace("{rank}", "*")
-    if glob.has_magic(spec):
+    if _magic(spec):
         return sorted(p for p in glob.glob(spec) if p.endswith(".json") or spec.endswith("*"))
     return [pattern] if os.path.exists(pattern) else []
 
@@ -78,7 +82,7 @@ def load(pattern: str) -> tuple[list[LiveFile], list[str]]:
         except (OSError, ValueError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             problems.append(reason if str(path) in reason else f"{path}: {reason}")
-    single = not (os.path.isdir(pattern) or glob.has_magic(pattern.replace("{rank}", "*")))
+    single = not (os.path.isdir(pattern) or _magic(pattern.replace("{rank}", "*")))
     if files and not single:
         problems = []
     files.sort(key=lambda f: (f.rank, f.path))
