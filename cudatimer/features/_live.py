@@ -196,6 +196,9 @@ class Live:
             raise ValueError("path must be a file path, got ''")
         self.path = ""  # resolved ({rank}) at the first write
         self.closed = False
+        #: CPU seconds the publishing thread has spent on its own work (under the GIL, so
+        #: taken from the training thread): what publishing costs, measured as it runs.
+        self.busy_s = 0.0
         self.rank, self.world_size = 0, 1
         self._polls = polls
         self._lock = threading.RLock()
@@ -334,6 +337,7 @@ class Live:
                         stacklevel=1,
                     )
                     return
+            start = time.thread_time()
             try:
                 with self._lock:
                     if self.closed:
@@ -355,6 +359,8 @@ class Live:
                         stacklevel=1,
                     )
                 self._next_write = time.monotonic() + self.every_s
+            finally:
+                self.busy_s += time.thread_time() - start
 
     def _check(self) -> None:
         """Note the step counter, and (polling) which steps the GPU has finished."""

@@ -330,7 +330,7 @@ def build(
             label = f"steps {first}-{stop - 1}"
             seen = min(f.reference.steps for f in files if f.reference)
             if seen < stop - first:
-                label += f" ({seen} of them so far)"
+                label += f" ({seen} so far)"
     status, message = _status(ranks, now)
     steps = min((len(f.steps) for f in files), default=0)
     return Model(
