@@ -10,7 +10,7 @@ from tests.docs_blocks import ROOT, documents
 
 def test_readme_is_short() -> None:
     """The README is well under 200 lines; the rest lives in docs/."""
-    assert len((ROOT / "README.md").read_text().splitlines()) < 150
+    assert len((ROOT / "README.md").read_text().splitlines()) < 170
 
 
 def test_docs_links_resolve() -> None:

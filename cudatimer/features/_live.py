@@ -260,7 +260,16 @@ class Live:
         if self._thread is None:
             with self._lock:
                 if self._thread is None and not self.closed:
-                    self._start()
+                    try:
+                        self._start()
+                    except (OSError, ValueError) as exc:  # said once; the feed goes on
+                        self.closed = True
+                        warnings.warn(
+                            f"cudatimer.sinks.live: publishing to {self.pattern!r} could not "
+                            f"start: {exc}",
+                            RuntimeWarning,
+                            stacklevel=2,
+                        )
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "publishing"
@@ -460,10 +469,7 @@ class Live:
             self._kept.append(_Step(current, seen, parts))
 
     def _read_given(self) -> None:
-        given = list(self._given)
-        refs = list(self._given_ref)
-        self._given.clear()
-        self._given_ref.clear()
+        given, refs = _drain_deque(self._given), _drain_deque(self._given_ref)
         newest = {t.step for t, _ in given}
         lo, hi = self.warmup, self.warmup + self.steps
         for times, seen in [(t, s) for t, s in refs if t.step not in newest] + given:
@@ -631,6 +637,15 @@ class Live:
                 return
             time.sleep(pause)
             pause = min(pause * 2, 0.02)
+
+
+def _drain_deque(items: deque[Any]) -> list[Any]:
+    """What another thread appended so far, taken out oldest first (popleft and append are
+    atomic; a copy then a clear() would lose what came in between)."""
+    out = []
+    while items:
+        out.append(items.popleft())
+    return out
 
 
 def _reason(exc_type: type[BaseException], exc: BaseException | None) -> str:
