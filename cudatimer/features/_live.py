@@ -281,10 +281,10 @@ class Live:
     def _start(self, lazy: bool = False) -> None:
         """Start the thread; the first state is written here (errors raise in the caller)
         or, ``lazy``, by the thread once the Timer has seen a region (CUDATIMER_LIVE)."""
-        _install_hooks()
         self._next_write = time.monotonic() + self.every_s
         if not lazy:
             self._begin()
+        _install_hooks()
         self._thread = threading.Thread(target=self._run, name="cudatimer-live", daemon=True)
         self._thread.start()
 
@@ -736,13 +736,13 @@ def _watcher(fd: int) -> None:
             return
         if not data:
             return
-        if signal.SIGTERM in data and _publishers:
+        if signal.SIGTERM in data:
             if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
                 continue  # a handler installed after ours owns the signal now
             previous = _previous.get("sigterm", signal.SIG_DFL)
             for pub in list(_publishers):
                 pub._finish("terminated", "SIGTERM")
-            if previous is signal.SIG_DFL:
+            if previous is signal.SIG_DFL:  # even with nothing published: as without us
                 time.sleep(_GRACE_S)  # the handler, if the main thread runs, ends it first
                 _default_action(signal.SIGTERM)
 

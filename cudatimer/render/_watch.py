@@ -66,16 +66,27 @@ def _paths(pattern: str) -> list[str]:
     return [pattern] if os.path.exists(pattern) else []
 
 
-def load(pattern: str) -> tuple[list[LiveFile], list[str]]:
+def load(
+    pattern: str, cache: dict[str, tuple[tuple[int, int], LiveFile]] | None = None
+) -> tuple[list[LiveFile], list[str]]:
     """The live files ``pattern`` names, and a one-line problem per file that is not one. In
     a folder or a glob, files that are not live files are passed over quietly when at least
-    one is (a folder may hold saved runs too)."""
+    one is (a folder may hold saved runs too). ``cache``: files read before, by path, read
+    again only when their size or time changed (a rank that ended or went quiet)."""
     files: list[LiveFile] = []
     problems: list[str] = []
     for path in _paths(pattern):
         if ".json.tmp" in os.path.basename(path):  # a writer's temporary file
             continue
         try:
+            if cache is not None:
+                st = os.stat(path)
+                sig = (st.st_mtime_ns, st.st_size)
+                hit = cache.get(path)
+                if hit is None or hit[0] != sig:
+                    hit = cache[path] = (sig, read_live(path))
+                files.append(hit[1])
+                continue
             files.append(read_live(path))
         except FileNotFoundError:  # replaced between the listing and the read: next time
             continue
@@ -656,8 +667,10 @@ def run_tty(
     color = not os.environ.get("NO_COLOR")
     result: list[str] = []
 
+    cache: dict[str, tuple[tuple[int, int], LiveFile]] = {}
+
     def model() -> Model:
-        files, problems = load(pattern)
+        files, problems = load(pattern, cache)
         return build(
             files,
             pattern,
