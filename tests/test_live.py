@@ -238,38 +238,66 @@ def test_watch_in_a_terminal_shows_updates_reacts_to_keys_and_ends_with_the_run(
     path = tmp_path / "live.json"
     term = tmux(_watch_cmd(path), TERM="xterm-256color", LANG="C.UTF-8")
     # Before the writer starts, the view says so plainly.
-    _until(lambda: "not started" in term.screen())
+    _until(lambda: "not started" in term.screen(), show=term.screen)
     stop = tmp_path / "stop"
     writer = _writer(tmp_path, path, 100_000, 0.04, "run", WRITER_STOP=str(stop))
     try:
-        first = _until(lambda: (s := term.screen()) and "train_step" in s and "steps/s" in s and s)
+
+        def drawn() -> str:  # a whole frame (a capture may catch one being drawn)
+            s = term.screen()
+            lines = s.splitlines()
+            whole = len(lines) >= 6 and "steps/s" in lines[1] and lines[3].startswith("region")
+            return s if whole and lines[4].startswith("train_step") else ""
+
+        first = _until(drawn, show=term.screen)
         assert "forward" in first and "backward" in first and "ms/step" in first
         assert all(len(line) <= 80 for line in first.splitlines())
         term.resize(110, 30)
         wide = lambda: any(len(line) > 85 for line in term.screen().splitlines())  # noqa: E731
         _until(wide, show=term.screen)
         term.resize(80, 24)
-        _until(lambda: all(len(line) <= 80 for line in term.screen().splitlines()))
-        step_of = lambda s: int(s.split("running: step ")[1].split(",")[0])  # noqa: E731
+        _until(
+            lambda: all(len(line) <= 80 for line in term.screen().splitlines()), show=term.screen
+        )
+
+        def step_of(screen: str) -> int:
+            rest = screen.partition("running: step ")[2]
+            number = rest.split(",")[0]
+            return int(number) if number.isdigit() else -1
+
         seen = step_of(first)
-        _until(lambda: "running: step" in (s := term.screen()) and step_of(s) > seen)
-        assert first.splitlines()[4].startswith("train_step")  # tree: the root first
+        assert seen >= 0
+        _until(lambda: step_of(term.screen()) > seen, show=term.screen)
         term.keys("t")
-        _until(lambda: "view: flat" in term.screen())
-        assert any(line.startswith("train_step/backward") for line in term.screen().splitlines())
+        _until(
+            lambda: (
+                "view: flat" in (s := term.screen())
+                and any(line.startswith("train_step/backward") for line in s.splitlines())
+            ),
+            show=term.screen,
+        )
         term.keys("s")
-        _until(lambda: "sort: change" in term.screen())
+        _until(lambda: "sort: change" in term.screen(), show=term.screen)
         term.keys("t", "-")
-        _until(lambda: "depth: 1" in term.screen())
-        shallow = term.screen()
-        assert "train_step" in shallow and "forward" not in shallow.split("region", 1)[1]
+        _until(
+            lambda: (
+                "depth: 1" in (s := term.screen())
+                and "train_step" in s
+                and "forward" not in s.split("region", 1)[-1]
+            ),
+            show=term.screen,
+        )
         term.keys("+")
-        _until(lambda: "depth: all" in term.screen() and "forward" in term.screen())
+        _until(
+            lambda: "depth: all" in term.screen() and "forward" in term.screen(), show=term.screen
+        )
         # The run ends: so does the view, leaving its last frame in the scrollback.
         stop.touch()
         writer.communicate(timeout=120)
         assert writer.returncode == 0
-        done = _until(lambda: "WATCH-EXIT-0" in (s := term.screen(history=True)) and s)
+        done = _until(
+            lambda: "WATCH-EXIT-0" in (s := term.screen(history=True)) and s, show=term.screen
+        )
         assert "finished at" in done and "train_step" in done
     finally:
         _stop(writer)
@@ -286,11 +314,22 @@ def test_a_writer_stuck_in_a_region_is_named_and_once_killed_reads_as_gone(
     try:
         assert writer.stdout is not None
         _until(lambda: "BLOCKED" in writer.stdout.readline())
-        term = tmux(_watch_cmd(path), LANG="C", NO_COLOR="1", TERM="xterm")
-        text = _until(lambda: "quiet:" in (s := term.screen()) and s, 60, show=term.screen)
+        # 7 lines: two of the three rows fit, so the arrows scroll.
+        term = tmux(_watch_cmd(path), height=7, LANG="C", NO_COLOR="1", TERM="xterm")
+        text = _until(
+            lambda: "quiet:" in (s := term.screen()) and "rows 1-2 of 3" in s and s,
+            60,
+            show=term.screen,
+        )
         status = next(line for line in text.splitlines() if line.startswith("quiet:"))
         assert "no step for" in status and "open: train_step/backward/allreduce (" in status
         assert text.isascii()
+        term.keys("Down")
+        _until(lambda: "rows 2-3 of 3" in term.screen(), show=term.screen)
+        term.keys("Up")
+        _until(lambda: "rows 1-2 of 3" in term.screen(), show=term.screen)
+        term.keys("q")
+        _until(lambda: "WATCH-EXIT-0" in term.screen(), show=term.screen)
         once = _frame(path)
         assert "quiet: no step for" in once and "train_step/backward/allreduce" in once
         writer.kill()

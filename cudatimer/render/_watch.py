@@ -624,11 +624,13 @@ def frame(
     out = lines[: height - 1] if keys else lines[:height]
     if keys:
         depth = "all" if opts.depth is None else str(opts.depth)
-        more = f"rows {top + 1}-{min(len(body), top + room)} of {len(body)}"
-        help_line = (
-            f"q quit  arrows scroll  t view: {opts.view}  s sort: {opts.sort}  +/- depth: {depth}  "
-            + more
+        shown = min(len(body), top + room)
+        more = (
+            f"{len(body)} rows"
+            if top == 0 and shown == len(body)
+            else f"rows {top + 1}-{shown} of {len(body)} (arrows scroll)"
         )
+        help_line = f"q quit  t view: {opts.view}  s sort: {opts.sort}  +/- depth: {depth}  {more}"
         out.append(_fit(help_line, width, ell))
     return _text(out, ascii_only)
 
