@@ -52,7 +52,7 @@ BASE, LIVE = "regions", "regions+live"
 
 
 def _gpt2_b8x512(device: str) -> _workloads.Workload:
-    """GPT-2 small at batch 8 x 512 (the issue's training step), from _workloads' model."""
+    """GPT-2 small at batch 8 x 512 (the GPU target's training step), on _workloads' model."""
     cfg, batch = _workloads.GPTConfig(seq=512), 8
     model = _workloads.GPT(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda" or None)
