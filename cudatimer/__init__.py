@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from .features._feed import StepFeed, StepTimes
     from .features._graphs import timed_replay
     from .features._instrument import Instrumented, instrument
+    from .features._live import live
     from .features._nsight import nsight_capture
     from .features._syncs import SyncDetection, detect_syncs
     from .regions._timer import Region, Timer, default_timer
@@ -80,6 +81,7 @@ __all__ = [
     "html",
     "instrument",
     "is_enabled",
+    "live",
     "load",
     "mark",
     "nsight_capture",
@@ -108,6 +110,7 @@ _LAZY = frozenset(
         "default_timer",
         "detect_syncs",
         "instrument",
+        "live",
         "nsight_capture",
         "timed_replay",
     }
@@ -128,6 +131,7 @@ def _load_now() -> Timer:
     from .features._feed import StepFeed, StepTimes
     from .features._graphs import timed_replay
     from .features._instrument import Instrumented, instrument
+    from .features._live import live
     from .features._nsight import nsight_capture
     from .features._syncs import SyncDetection, detect_syncs
     from .regions._timer import Region, Timer, default_timer
@@ -148,6 +152,7 @@ def _load_now() -> Timer:
         default_timer=default_timer,
         detect_syncs=detect_syncs,
         instrument=instrument,
+        live=live,
         nsight_capture=nsight_capture,
         timed_replay=timed_replay,
     )

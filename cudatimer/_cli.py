@@ -7,6 +7,7 @@
     cudatimer plot RUN.json -o report.png      # or .svg, .pdf; needs matplotlib
     cudatimer html RUN.json -o report.html     # one page, no network; html BASE.json NEW.json
     cudatimer csv RUN.json -o regions.csv [--what regions|steps|trace]
+    cudatimer watch LIVE.json [--once] [--against RUN.json]   # a running job (cudatimer.live)
 
     cudatimer --version                        # version, torch, and which recorder core runs
 
@@ -29,6 +30,7 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from .records._ranks import RankSummary
 from .records._records import Summary
@@ -183,11 +185,64 @@ def _parser() -> argparse.ArgumentParser:
     csv.add_argument("run")
     csv.add_argument("-o", "--output", help="default: standard output")
     csv.add_argument("--what", choices=WHATS, default="regions")
+    _watch_parser(sub)
     for command, sub_parser in sub.choices.items():
         # A bad option value is reported with the usage of its command, not the top level's.
         sub_parser.set_defaults(usage_of=sub_parser)
         sub_parser.prog = f"cudatimer {command}"
     return parser
+
+
+def _watch_parser(sub: Any) -> None:
+    from .render._watch import SORTS as WATCH_SORTS
+    from .render._watch import VIEWS as WATCH_VIEWS
+
+    watch = sub.add_parser(
+        "watch", help="a live view of a running job (the files of cudatimer.live)"
+    )
+    watch.add_argument(
+        "path", help="a live file, a folder of them, or a glob of rank files ('live/rank*.json')"
+    )
+    watch.add_argument("--once", action="store_true", help="print one frame as text and exit")
+    watch.add_argument(
+        "--against", help="a saved run (JSON) to compare with (default: the steps after warm-up)"
+    )
+    watch.add_argument("--view", choices=WATCH_VIEWS, default="tree")
+    watch.add_argument("--sort", choices=WATCH_SORTS, default="time")
+    watch.add_argument("--depth", type=_positive, help="levels of regions shown (default: all)")
+    watch.add_argument(
+        "--width", type=_positive, help="--once: characters a line (default: the terminal's)"
+    )
+
+
+def _watch(args: argparse.Namespace) -> str:
+    """``watch``: one frame (--once), or the full-screen view until q or the run's end."""
+    import shutil
+
+    from .render import _watch as watch
+
+    against, label = None, ""
+    if args.against:
+        against, label = (
+            watch.reference_of(_load(args.against, "watch"), args.against),
+            args.against,
+        )
+    options = watch.Options(view=args.view, sort=args.sort, depth=args.depth)
+    if args.once:
+        files, problems = watch.load(args.path)
+        if problems and not files:
+            raise ValueError(problems[0])
+        model = watch.build(
+            files, args.path, against=against, against_label=label, problems=tuple(problems)
+        )
+        width = args.width or shutil.get_terminal_size((100, 24)).columns
+        return watch.frame(model, options, width=width, ascii_only=watch.ascii_terminal())
+    if not (sys.stdout.isatty() and sys.stdin.isatty()):
+        raise ValueError("standard input and output must be a terminal; use --once for a frame")
+    try:
+        return watch.run_tty(args.path, options, against=against, against_label=label)
+    except KeyboardInterrupt:
+        return ""
 
 
 class _Version(argparse.Action):
@@ -394,6 +449,8 @@ def _run(args: argparse.Namespace) -> str:
         )
     if args.command == "html":
         return _html(args)
+    if args.command == "watch":
+        return _watch(args)
     summary = _load(args.run, args.command)
     if args.command == "show":
         return _show(summary, args)

@@ -17,11 +17,16 @@ passed in; wandb is an optional dependency)::
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
 from .features._feed import Sink, StepTimes
+from .features._live import Live, live_sink
 
-__all__ = ["Sink", "StepTimes", "tensorboard", "wandb"]
+if TYPE_CHECKING:
+    from .regions._timer import Timer
+
+__all__ = ["Live", "Sink", "StepTimes", "live", "tensorboard", "wandb"]
 
 
 def _check_prefix(prefix: object) -> str:
@@ -120,3 +125,32 @@ def wandb(run: Any = None, *, prefix: str = "cudatimer/") -> Sink:
         target.log(values)
 
     return to_wandb
+
+
+def live(
+    path: str | os.PathLike[str],
+    *,
+    timer: Timer | None = None,
+    every_s: float = 1.0,
+    steps: int = 50,
+    warmup: int = 5,
+) -> Live:
+    """A sink publishing each step it is given to ``path`` for ``cudatimer watch``, as
+    ``cudatimer.live`` does for a Timer it polls itself: for the Lightning and Hugging Face
+    callbacks, which own their ``StepFeed``. ``timer``: the one whose open regions the file
+    shows (default: the module's; pass the callback's). The file appears with the first
+    step; ``{rank}`` in ``path`` becomes the global rank; ``close()`` writes the final state
+    (exit, an uncaught exception and SIGTERM write it too).
+
+    >>> import cudatimer, cudatimer.sinks, json, os, tempfile
+    >>> timer = cudatimer.Timer(name="live-sink-doc")
+    >>> sink = cudatimer.sinks.live(os.path.join(tempfile.mkdtemp(), "live.json"), timer=timer)
+    >>> feed = cudatimer.StepFeed(sink, timer=timer)
+    >>> with timer.region("train_step"):
+    ...     pass
+    >>> _ = feed.step()
+    >>> sink.close()
+    >>> json.load(open(sink.path))["finished"]
+    1
+    """
+    return live_sink(path, timer, every_s=every_s, steps=steps, warmup=warmup)

@@ -239,6 +239,12 @@ class Store:
         """The slots of the frames open on every stack of this store, and the stacks' bases
         (what the region tree keeps at ``reset()``)."""
 
+    def open_frames(self) -> list[tuple[int, int, int, int, int]]:
+        """Every frame open on a stack of this store now, as ``(stack, tid, slot, kind,
+        t0_ns)``: ``stack`` numbers the stacks of this call, each stack's frames come
+        outermost first, ORPHAN frames are left out (``t0_ns`` is 0 where the kind keeps no
+        host time: OFF, NVTX, UNTIMED). Changes nothing; any thread may call it."""
+
     def reset(self) -> None: ...
     def record(
         self,

@@ -755,6 +755,24 @@ class Store:
                 slots.extend(frame.slot for frame in list(stack))
         return slots
 
+    def open_frames(self) -> list[tuple[int, int, int, int, int]]:
+        """Every frame open on a stack of this store now, as ``(stack, tid, slot, kind,
+        t0_ns)``: ``stack`` numbers the stacks of this call, each stack's frames come
+        outermost first, ORPHAN frames are left out. Changes nothing; any thread may call it
+        (a live view reads the other threads' stacks)."""
+        out: list[tuple[int, int, int, int, int]] = []
+        number = 0
+        for ref in list(self._stacks):
+            stack = ref()
+            if not stack:
+                continue
+            frames = list(stack)  # one C-level copy: no other thread runs in between
+            out.extend(
+                (number, stack.tid, f.slot, f.kind, f.t0_ns) for f in frames if f.kind != ORPHAN
+            )
+            number += 1
+        return out
+
     def reset(self) -> None:
         with _LOCK:
             self._gen += 1

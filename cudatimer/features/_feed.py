@@ -227,6 +227,16 @@ class StepFeed:
             left = self._marked - self._next
             return left + max((len(o.backlog) for o in self._outlets), default=0)
 
+    def advance(self) -> range:
+        """What ``poll()`` does short of reading and sending steps, for a reader that takes
+        the store's rows itself (``cudatimer.live`` reads only the newest of them): marks the
+        new boundary, and returns the steps whose GPU work finished since the last call (or
+        poll), which no sink gets. Never waits for the GPU."""
+        with self._lock:
+            first, stop = self._advance()
+            self._next = stop
+            return range(first, stop)
+
     @property
     def failures(self) -> int:
         """Calls of a sink that raised, all sinks together."""
@@ -234,6 +244,18 @@ class StepFeed:
 
     # -- inside ------------------------------------------------------------------------------
     def _poll(self) -> int:
+        first, finished = self._advance()
+        if finished <= first:
+            self._deliver(())
+            return 0
+        store = self.timer.recorder.store
+        times = self._times(store.step_rows(first, finished), first, finished)
+        self._next = finished
+        self._deliver(times)
+        return len(times)
+
+    def _advance(self) -> tuple[int, int]:
+        """Mark the new boundary and harvest: (first step not sent, first step not finished)."""
         store = self.timer.recorder.store
         if store.gen != self._gen:  # reset(): steps start again from 0
             self._gen, self._next, self._marked = store.gen, 0, 0
@@ -251,15 +273,10 @@ class StepFeed:
             for rec, ev in events:
                 rec.give(ev)
             finished = upto
-        if finished <= self._next:
-            self._deliver(())
-            return 0
-        for rec in _core.all_streams():
-            rec.harvest()  # resolves the finished samples only, never blocks
-        times = self._times(store.step_rows(self._next, finished), self._next, finished)
-        self._next = finished
-        self._deliver(times)
-        return len(times)
+        if finished > self._next:
+            for rec in _core.all_streams():
+                rec.harvest()  # resolves the finished samples only, never blocks
+        return self._next, max(finished, self._next)
 
     def _mark(self, upto: int) -> bool:
         """Record a boundary event on every stream regions used; False (try again at the next

@@ -388,6 +388,30 @@ class Recorder:
         (their start events belong to the parent)."""
         self.store.stack().bury(grave)
 
+    def open_regions(self) -> list[tuple[int, tuple[tuple[str, int], ...]]]:
+        """The regions of this Timer open now: one ``(thread id, ((path, t0_ns), ...))`` per
+        thread (or asyncio task) with any, outermost first. ``t0_ns`` is when the call
+        began on the host clock (``_core.now_ns``), 0 where the call keeps no start time (the
+        Timer off, ``mode="nvtx"``, an untimed ``every=N`` call). Reads the stacks only: no
+        result changes and nothing waits for the GPU, so any thread may call it (the live
+        view does, from its own thread, while the others record)."""
+        out: list[tuple[int, tuple[tuple[str, int], ...]]] = []
+        current, tid_of = -1, 0
+        frames: list[tuple[str, int]] = []
+        tree = self.tree
+        for stack, tid, slot, _kind, t0_ns in self.store.open_frames():
+            if stack != current:
+                if frames:
+                    out.append((tid_of, tuple(frames)))
+                current, tid_of, frames = stack, tid, []
+            try:
+                frames.append((tree.path(slot), t0_ns))
+            except KeyError:  # forgotten by a reset() racing with this read: left out
+                continue
+        if frames:
+            out.append((tid_of, tuple(frames)))
+        return out
+
     # -- switches --------------------------------------------------------------------------
     def reset(self) -> None:
         """Forget every result and note, the sources' included, and the region paths no open

@@ -420,6 +420,9 @@ def _fields(data: dict[str, Any]) -> Summary:
 #: The format of ``cudatimer.distributed``'s merged files, defined here so that ``load`` can
 #: say what such a file is (exports never import the distributed layer above them).
 RANKS_FORMAT = "cudatimer.ranks"
+#: The format of ``cudatimer.live``'s files (``_livefile``): ``load`` reads the whole run a
+#: final state holds.
+LIVE_FORMAT = "cudatimer.live"
 
 
 def summary_from_dict(data: Any) -> Summary:
@@ -431,6 +434,14 @@ def summary_from_dict(data: Any) -> Summary:
             "cudatimer.distributed merge`), not one run: read it with `python -m "
             "cudatimer.distributed show FILE`, or write one Summary with `merge --flat`"
         )
+    if isinstance(data, dict) and data.get("format") == LIVE_FORMAT:
+        if not isinstance(data.get("summary"), dict):
+            raise ValueError(
+                f"a live file of a run in state {_shown(data.get('state'))}: it holds the "
+                "whole run only once the run has ended (its final state); watch it with "
+                "`cudatimer watch FILE`"
+            )
+        return summary_from_dict(data["summary"])
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError("not a cudatimer summary (missing 'format': 'cudatimer.summary')")
     schema = data.get("schema")

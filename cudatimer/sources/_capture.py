@@ -30,12 +30,14 @@ shows as one graph launch with its kernels (``nsys --cuda-graph-trace=node`` sho
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +58,7 @@ __all__ = [
     "capture_end",
     "current",
     "install",
+    "no_capture",
     "replay",
     "timestamps",
 ]
@@ -74,6 +77,14 @@ _local = threading.local()  # .capture: the Capture this thread's stream records
 _by_graph: dict[int, Capture] = {}  # id(graph) -> its capture (replays look it up)
 _retired: list[Capture] = []  # graphs reset, recaptured or collected with replays unread
 cap_words = DEFAULT_CAP  # tests make it small
+# Captures begun through torch's CUDAGraph and not ended yet (every thread), counted under
+# _quiet: a reader on another thread (cudatimer.live) holds it while it records or queries
+# events, so no capture begins meanwhile (see no_capture).
+_quiet = threading.Lock()
+_open = [0]
+# A reader waits this long at most for the capture bookkeeping (a capture beginning holds
+# the lock for a few bytecodes): past it, it takes the moment as not quiet.
+_QUIET_WAIT_S = 0.5
 
 
 @dataclass(eq=False)
@@ -564,6 +575,36 @@ class Graphs:
         self.full = 0
 
 
+@contextmanager
+def no_capture() -> Iterator[bool]:
+    """``with no_capture() as quiet:``: while the block runs no capture through torch's
+    ``CUDAGraph`` begins (one that would waits for the block, which should be brief);
+    ``quiet`` is False when one is under way on some thread, and the block must then make no
+    CUDA call: in torch's default capture mode ("global") an event query or record from
+    another thread ruins the capture. Captures begun outside ``CUDAGraph`` are not seen."""
+    if not _quiet.acquire(timeout=_QUIET_WAIT_S):  # held by this very thread (a signal
+        yield False  # handler run inside _opened) or stuck: not a moment for CUDA calls
+        return
+    try:
+        yield _open[0] == 0
+    finally:
+        _quiet.release()
+
+
+def _opened(n: int) -> None:
+    with _quiet:
+        _open[0] = max(0, _open[0] + n)
+
+
+def _renew_quiet_in_child() -> None:
+    global _quiet
+    _quiet = threading.Lock()  # a reader thread of the parent may have held it at the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_quiet_in_child)
+
+
 # -- torch's CUDAGraph ------------------------------------------------------------------
 _installed = False
 
@@ -585,9 +626,11 @@ def install() -> None:
 
     def capture_begin_(self: Any, *args: Any, **kwargs: Any) -> Any:
         capture_begin(self)
+        _opened(1)
         try:
             return begin(self, *args, **kwargs)
         except BaseException:
+            _opened(-1)
             capture_failed()
             raise
 
@@ -596,9 +639,15 @@ def install() -> None:
             capture_end(self)
         except BaseException:  # the graph's own end comes first; its regions are left out
             capture_failed()
-            end(self)
+            try:
+                end(self)
+            finally:
+                _opened(-1)
             raise
-        return end(self)
+        try:
+            return end(self)
+        finally:
+            _opened(-1)
 
     def replay_(self: Any) -> Any:
         return replay(self, run)

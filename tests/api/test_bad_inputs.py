@@ -153,6 +153,11 @@ CASES: list[Case] = [
         "fmt",
     ),
     ("load", lambda: cudatimer.load(3), TypeError, "path"),  # type: ignore[arg-type]
+    ("live", lambda: cudatimer.live(3), TypeError, "path"),  # type: ignore[arg-type]
+    ("live", lambda: cudatimer.live("x.json", timer=1), TypeError, "timer"),  # type: ignore[arg-type]
+    ("live", lambda: cudatimer.live("x.json", every_s=-1), ValueError, "every_s"),
+    ("live", lambda: cudatimer.live("x.json", steps=1.5), TypeError, "steps"),  # type: ignore[arg-type]
+    ("live", lambda: cudatimer.live("x.json", warmup=-1), ValueError, "warmup"),
     ("save", lambda: cudatimer.save(3), TypeError, "path"),  # type: ignore[arg-type]
     ("export_trace", lambda: cudatimer.export_trace(3), TypeError, "path"),
     ("detect_syncs", lambda: cudatimer.detect_syncs("yes"), TypeError, "enabled"),  # type: ignore[arg-type]

@@ -49,3 +49,20 @@ def test_sink_benchmark_reports_ratios_and_no_added_sync(tmp_path: Path) -> None
     for row in rows.values():
         assert row["ms_per_step_median"] > 0
         assert sum(row["added_syncs_per_step"].values()) == 0
+
+
+def test_live_benchmark_reports_cost_and_latency(tmp_path: Path) -> None:
+    """live_overhead.py --smoke writes both variants' times, the publisher's duty, latencies."""
+    out = tmp_path / "live.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "live_overhead.py"), "--smoke"]
+    args = ["--block-s", "0.3", "--latency-steps", "0.1", "--out", str(out)]
+    done = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(out.read_text())
+    cost = data["cost"]
+    assert set(cost["ms_per_step"]) == {"regions", "regions+live"}
+    assert len(cost["rounds"]["regions+live"]) == 2 and cost["ratio_median"] > 0
+    assert 0 < cost["publisher_duty_median"] < 0.05
+    (latency,) = data["latency"]
+    assert latency["step_s"] == 0.1 and latency["seen"] == latency["steps"] == 4
+    assert 0 < latency["max_s"] < 3.0

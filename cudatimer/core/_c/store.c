@@ -578,6 +578,56 @@ store_open_slots_m(StoreObj *s, PyObject *unused)
     return out;
 }
 
+PyDoc_STRVAR(store_open_frames_doc,
+"open_frames() -> list[tuple[int, int, int, int, int]]\n\n"
+"Every frame open on a stack of this store now, as (stack, tid, slot, kind, t0_ns): stack\n"
+"numbers the stacks of this call, each stack's frames come outermost first, ORPHAN frames are\n"
+"left out. Changes nothing; any thread may call it (a live view reads other threads' stacks).");
+
+static PyObject *
+store_open_frames_m(StoreObj *s, PyObject *unused)
+{
+    (void)unused;
+    /* The collector is kept off while the stacks are read: a collection could run finalizers
+     * (Python code that enters or exits regions) between two frames of one stack. */
+    int was = gc_off();
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        gc_restore(was);
+        return NULL;
+    }
+    Py_ssize_t n = s->stacks != NULL ? PyList_GET_SIZE(s->stacks) : 0;
+    Py_ssize_t number = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *st = PyWeakref_GetObject(PyList_GET_ITEM(s->stacks, i)); /* borrowed */
+        if (st == Py_None || !Py_IS_TYPE(st, &StackType)) {
+            continue;
+        }
+        StackObj *stack = (StackObj *)st;
+        if (stack->n == 0) {
+            continue;
+        }
+        for (Py_ssize_t k = 0; k < stack->n; k++) {
+            CFrame *f = ent_frame(&stack->e[k]);
+            if (f->kind == K_ORPHAN) {
+                continue;
+            }
+            PyObject *item = Py_BuildValue("(nkLiL)", number, stack->tid, (long long)f->slot,
+                                           f->kind, (long long)f->t0_ns);
+            if (item == NULL || PyList_Append(out, item) < 0) {
+                Py_XDECREF(item);
+                Py_DECREF(out);
+                gc_restore(was);
+                return NULL;
+            }
+            Py_DECREF(item);
+        }
+        number++;
+    }
+    gc_restore(was);
+    return out;
+}
+
 static PyObject *
 store_stack_m(StoreObj *s, PyObject *unused)
 {
@@ -1028,6 +1078,7 @@ static PyMethodDef store_methods[] = {
     {"stack", (PyCFunction)store_stack_m, METH_NOARGS,
      "stack($self, /)\n--\n\nThe calling thread's stack of open regions of this store."},
     {"open_slots", (PyCFunction)store_open_slots_m, METH_NOARGS, store_open_slots_doc},
+    {"open_frames", (PyCFunction)store_open_frames_m, METH_NOARGS, store_open_frames_doc},
     {"reset", (PyCFunction)store_reset_m, METH_NOARGS,
      "reset($self, /)\n--\n\n"
      "gen += 1, step = 0, statistics, series and trace forgotten (pending samples of the old "
