@@ -70,9 +70,13 @@ class ValueStore:
         self._run: dict[Key, dict[str, _Acc]] = {}
         self._steps: dict[int, dict[Key, dict[str, _Acc]]] = {}
 
-    def add(self, slot: int, gen: int, dev: int, name: str, value: float) -> bool:
+    def add(
+        self, slot: int, gen: int, dev: int, name: str, value: float, step: int | None = None
+    ) -> bool:
         """Fold ``value`` of column ``name`` into the row (``slot``, clock ``dev``: a device
-        index, -1 the host) of the generation ``gen``; False when a reset() came since."""
+        index, -1 the host) of the generation ``gen``; False when a reset() came since.
+        ``step``: the step the call ended in, for a value known after the call (memory, read
+        from the allocator's history later); None: the current step."""
         if column(name) is None:
             raise ValueError(
                 f"no value column named {name!r} is registered (records._values.register)"
@@ -87,8 +91,11 @@ class ValueStore:
         with self._lock:
             if gen != store.gen:
                 return False
-            # keep_steps=0: no step is kept, and no window can be reported.
-            tables = (self._run,) if not self._keep else (self._run, self._step(store.step))
+            # keep_steps=0: no step is kept, and no window can be reported; a step older than
+            # the kept ones has no table either.
+            at = store.step if step is None else step
+            kept = self._keep and at >= store.step - self._keep
+            tables = (self._run, self._step(at)) if kept else (self._run,)
             for table in tables:
                 by = table.setdefault(key, {})
                 acc = by.get(name)
@@ -120,7 +127,8 @@ class ValueStore:
         if table is None:
             table = self._steps[step] = {}
             # The store keeps the last keep_steps steps' samples; values keep as many.
-            for old in [s for s in self._steps if s < step - self._keep]:
+            newest = max(step, self._store.step)
+            for old in [s for s in self._steps if s < newest - self._keep]:
                 del self._steps[old]
         return table
 
