@@ -220,6 +220,9 @@ class FakeAllocator:
         self.tags = 0  # boundaries marked
         self.reads = 0
         self.starts = 0
+        #: Called after each boundary's mark, before cudatimer keeps the boundary (a test
+        #: reads the history there, as another thread might).
+        self.on_tag: Callable[[], None] | None = None
 
     def why_not(self) -> str | None:
         return self.why
@@ -231,6 +234,8 @@ class FakeAllocator:
     def tag(self, text: str) -> None:
         self.tags += 1
         self.local.meta = text
+        if self.on_tag is not None:
+            self.on_tag()
 
     def _event(self, device: int, nbytes: int) -> None:
         self.level[device] = self.level.get(device, 0) + nbytes

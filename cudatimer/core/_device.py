@@ -117,7 +117,8 @@ class Allocator(Protocol):
     def read(self) -> tuple[dict[int, list[tuple[str, int]]], set[int]]:
         """The events recorded since the last read, per device, oldest first, as (metadata,
         signed bytes: + allocated, - freed); and the devices where events were lost since
-        the last read (the history's ring overflowed, or was cleared or turned off)."""
+        the last read (the history's ring overflowed, or was cleared). RuntimeError, saying
+        why, once the history cannot be read any more (the program turned it off)."""
         ...
 
     def usage(self, device: int) -> tuple[int, int]:
@@ -268,14 +269,13 @@ class CudaAllocator:
         return self._stopped
 
     def read(self) -> tuple[dict[int, list[tuple[str, int]]], set[int]]:
-        if self._stopped is not None:
-            return {}, set()
-        if not torch._C._cuda_isHistoryEnabled():
+        if self._stopped is None and not torch._C._cuda_isHistoryEnabled():
             self._stopped = (
                 "the program turned the allocator's history off "
-                "(torch.cuda.memory._record_memory_history(None)), so memory after that is unknown"
+                "(torch.cuda.memory._record_memory_history(None))"
             )
-            return {}, set(range(torch.cuda.device_count()))
+        if self._stopped is not None:
+            raise RuntimeError(self._stopped)
         traces: list[list[dict[str, Any]]] = torch.cuda.memory._snapshot().get("device_traces", [])
         if self._owned:
             self._record(clear=True)  # right after the read: what follows is all new

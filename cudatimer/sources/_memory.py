@@ -155,6 +155,8 @@ class Tracker:
         self._alloc: _device.Allocator | None = None
         self._tag: Callable[[str], None] = _no_tag
         self.why: str | None = None  # why there is no allocator to read, the last time asked
+        self.broken: str | None = None  # a read failed: no more reads of this allocator
+        self._refused: tuple[Any, str] = (None, "")  # an allocator that said it cannot be read
         # Boundaries not replayed yet: (number, call, opens). Appended without the lock and
         # taken from the left by a read (both atomic on a deque, so none is ever lost).
         self._pending: deque[tuple[int, _Call, bool]] = deque()
@@ -170,16 +172,26 @@ class Tracker:
     def allocator(self) -> _device.Allocator | None:
         """The allocator to read now (turned on at its first use), or None (``why`` says)."""
         alloc = _device.allocator()
-        if alloc is self._alloc and alloc is not None:
-            return alloc
+        if alloc is not None and alloc is self._alloc:
+            if self.broken is None:
+                return alloc
+            self.why = self.broken
+            return None
         if alloc is None:
             self.why = (
                 "CUDA is not initialised in this process (a CPU-only run, or regions entered "
                 "before the first CUDA tensor), so there is no CUDA allocator to read"
             )
             return None
-        why = alloc.why_not() or alloc.start()
+        if alloc is self._refused[0]:  # asked once: the answer stands
+            self.why = self._refused[1]
+            return None
+        try:
+            why = alloc.why_not() or alloc.start()
+        except Exception as exc:  # a torch whose allocator answers otherwise
+            why = f"the allocator could not be asked ({exc!r})"
         if why is not None:
+            self._refused = (alloc, why)
             self.why = why
             return None
         with self._lock:  # another device seam (tests): nothing of the old one carries over
@@ -191,6 +203,7 @@ class Tracker:
             self._detached = {}
             self._since = 0
             self._due = _FIRST_READ
+            self.broken = None
         return alloc
 
     # -- boundaries (a memory region's enter and exit) ---------------------------------------
@@ -218,9 +231,8 @@ class Tracker:
                 return stack.pop(i)[1]
         return None
 
-    def keep_detached(self, token: Any, call: _Call | None) -> None:
-        if token is not None:
-            self._detached[id(token)] = call
+    def keep_detached(self, token: Any, call: _Call) -> None:
+        self._detached[id(token)] = call
 
     def take_detached(self, token: Any) -> _Call | None:
         return self._detached.pop(id(token), None) if token is not None else None
@@ -238,7 +250,11 @@ class Tracker:
             try:
                 pending = self._pending  # taken before the read: all precede its events
                 batch = [pending.popleft() for _ in range(len(pending))]
-                events, lost = alloc.read()
+                try:
+                    events, lost = alloc.read()
+                except Exception as exc:  # never an error in the program's region exit
+                    self.broken = f"the allocator's history could not be read: {exc}"
+                    events, lost = {}, set(self._devices) | {b[1].dev for b in batch}
                 self._replay(batch, events, lost, done)
             finally:
                 self._reading = False
@@ -510,7 +526,7 @@ class MemoryProbe:
         call = region.timer.recorder.memory.call(token)
         if call is not None:
             TRACKER.opened(call)
-        TRACKER.keep_detached(token, call)
+            TRACKER.keep_detached(token, call)
 
     def closed(self, region: Any, token: Any) -> None:
         call = TRACKER.take_detached(token)
