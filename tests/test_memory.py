@@ -30,7 +30,12 @@ from cudatimer.render._report import render, render_compare, render_ranks
 from tests.fake_cuda import FakeAllocator, FakeGPU, install
 
 MiB = 1 << 20
-FIELDS = ("mem_delta_mean_bytes", "mem_delta_max_bytes", "mem_peak_mean_bytes", "mem_peak_max_bytes")
+FIELDS = (
+    "mem_delta_mean_bytes",
+    "mem_delta_max_bytes",
+    "mem_peak_mean_bytes",
+    "mem_peak_max_bytes",
+)
 
 
 @pytest.fixture
@@ -339,9 +344,10 @@ def test_lost_events_leave_the_calls_without_values_and_say_so(gpu: FakeGPU) -> 
     gpu.memory.lose = {0}
     first = t.summary()
     assert not first["r"].values
-    assert "1 call(s) have none because the allocator's history lost events" in dict(first.meta)[
-        "memory_note"
-    ]
+    assert (
+        "1 call(s) have none because the allocator's history lost events"
+        in dict(first.meta)["memory_note"]
+    )
     with t.region("r", memory=True):
         gpu.memory.alloc(2 * MiB)
     assert _mem(t, "r")[0] == Tally.of([2 * MiB])
@@ -374,12 +380,11 @@ def test_out_of_memory_names_the_open_regions_in_the_error_and_the_next_report(
     t = Timer(name="oom")
     mem = gpu.memory
     mem.capacity = 1024 * MiB
-    with pytest.raises(torch.OutOfMemoryError) as info:
-        with t.region("outer", memory=True):
-            mem.alloc(600 * MiB)
-            with t.region("inner", memory=True):
-                mem.alloc(300 * MiB)
-                mem.alloc(300 * MiB)
+    with pytest.raises(torch.OutOfMemoryError) as info, t.region("outer", memory=True):
+        mem.alloc(600 * MiB)
+        with t.region("inner", memory=True):
+            mem.alloc(300 * MiB)
+            mem.alloc(300 * MiB)
     expected = (
         "outer (cuda:0) +900.0 MiB now, +900.0 MiB at most; "
         "outer/inner (cuda:0) +300.0 MiB now, +300.0 MiB at most"
@@ -414,9 +419,7 @@ def _measured_run(gpu: FakeGPU, name: str, peak_mib: int) -> cudatimer.Summary:
     return t.summary()
 
 
-def test_json_csv_dataframe_and_html_carry_the_memory_columns(
-    gpu: FakeGPU, tmp_path: Path
-) -> None:
+def test_json_csv_dataframe_and_html_carry_the_memory_columns(gpu: FakeGPU, tmp_path: Path) -> None:
     """JSON round trip exact; CSV and DataFrame fields mem_*_bytes (empty for unmeasured
     rows); the HTML page and the report carry the MiB columns."""
     s = _measured_run(gpu, "exports", 8)
