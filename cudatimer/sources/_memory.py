@@ -258,10 +258,17 @@ class Tracker:
                 self._replay(batch, events, lost, done)
             finally:
                 self._reading = False
-        for call, delta, peak in done:  # outside the lock: each takes its recorder's
+        # Outside the lock (each recorder's values take its own), one batch per recorder.
+        batches: dict[int, tuple[Any, list[Any]]] = {}
+        for call, delta, peak in done:
             values = call.calls.host.values
-            values.add(call.slot, call.gen, call.row, "mem_delta", delta, call.step)
-            values.add(call.slot, call.gen, call.row, "mem_peak", peak, call.step)
+            batch_of = batches.get(id(values))
+            if batch_of is None:
+                batch_of = batches[id(values)] = (values, [])
+            row = (("mem_delta", delta), ("mem_peak", peak))
+            batch_of[1].append((call.slot, call.gen, call.row, call.step, row))
+        for values, calls in batches.values():
+            values.add_each(calls)
 
     def _replay(
         self,
@@ -317,6 +324,9 @@ class Tracker:
         level = state.level
         opened = state.open
         top = opened[-1] if opened else None
+        # The innermost open call's highest level, kept in a local while events run (~0.1 us
+        # an event in this loop) and written back before a boundary reads it.
+        hi = top.hi if top is not None else 0
         i, n = 0, len(bounds)
         known = self._known
         last_tag: str | None = None
@@ -329,12 +339,18 @@ class Tracker:
                     if k > known:  # after a boundary this read does not have yet
                         rest = events[j:]
                         break
-                    while i < n and bounds[i][0] <= k:
-                        level, top = _apply(bounds[i], level, opened, done)
-                        i += 1
+                    if i < n and bounds[i][0] <= k:
+                        if top is not None:
+                            top.hi = hi
+                        while i < n and bounds[i][0] <= k:
+                            level, top = _apply(bounds[i], level, opened, done)
+                            i += 1
+                        hi = top.hi if top is not None else 0
             level += size
-            if top is not None and level > top.hi:
-                top.hi = level
+            if level > hi:
+                hi = level
+        if top is not None:
+            top.hi = hi
         while i < n:
             level, top = _apply(bounds[i], level, opened, done)
             i += 1
