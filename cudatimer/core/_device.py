@@ -186,7 +186,7 @@ class CudaDevice:
 
 # The allocator's history ring, per device: 65536 events of ~150 bytes (~10 MB of host
 # memory a device). The memory columns read it when about half of it is new
-# (``sources/_memory.py``), so a read converts each event once, ~1 us each.
+# (``sources/_memory.py``), and cleared after each read, so each event is converted once.
 HISTORY_ENTRIES = 65536
 # What the history leaves out: only an allocation and a free request move the allocated
 # bytes; a free completed later (after record_stream), segments and snapshots would take
@@ -206,15 +206,15 @@ def _event_key(e: dict[str, Any]) -> tuple[Any, ...]:
 class CudaAllocator:
     """torch's caching allocator, read through its own event history
     (``torch.cuda.memory._record_memory_history``) with a thread's metadata string as the
-    boundary marker (``torch.cuda.memory._set_memory_metadata``, torch >= 2.10: 0.2-0.4 us a
-    call). Reading the statistics at each boundary instead (``memory_allocated()``, ~77 us:
+    boundary marker (``torch.cuda.memory._set_memory_metadata``, torch >= 2.10: one C call
+    taking a str). Reading the statistics at each boundary instead (``memory_allocated()``, ~77 us:
     it builds the whole statistics dict) would cost more than the regions themselves, and
     could not see a peak between two boundaries without resetting the user's
     ``max_memory_allocated()``.
 
     The history is turned on once, without stack traces, unless the program records it
     already (then its settings are kept and it is only read). Each event costs the allocator
-    ~0.1 us to record; sizes are the bytes the tensors asked for (before rounding)."""
+    a ring entry in C++; sizes are the bytes the tensors asked for (before rounding)."""
 
     def __init__(self) -> None:
         self._set: Callable[[str], None] | None = getattr(torch._C, "_cuda_setMemoryMetadata", None)
@@ -252,7 +252,7 @@ class CudaAllocator:
         record = torch.cuda.memory._record_memory_history
         try:
             record("all", skip_actions=_SKIP_ACTIONS, **options)
-        except (TypeError, ValueError):  # a torch without skip_actions (or without one of them)
+        except (TypeError, ValueError, RuntimeError):  # no skip_actions, or not one of them
             record("all", **options)
 
     def start(self) -> str | None:

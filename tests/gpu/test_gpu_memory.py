@@ -129,8 +129,9 @@ def test_a_module_s_forward_delta_is_the_storages_it_keeps() -> None:
 
 
 def test_backward_rows_free_what_forward_kept() -> None:
-    """With backward=True the backward rows free the saved activations: their deltas are
-    negative and the model's backward row frees about what its forward row kept."""
+    """With backward=True the backward rows free the saved activations: the forward row keeps
+    them, the model's backward row and the rows of the layers whose input gradient arrives
+    from a later layer free more than they allocate."""
     model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)]).cuda()
     x = torch.randn(4096, 1024, device="cuda")
     for _ in range(2):  # warm-up: grads allocated, workspaces set
@@ -141,8 +142,11 @@ def test_backward_rows_free_what_forward_kept() -> None:
     s = t.summary()
     fwd = s["Sequential"].values["mem_delta"].max
     bwd = s["Sequential.backward"].values["mem_delta"].max
-    assert fwd > 0 and bwd < 0
-    for i in range(1, 4):
+    assert fwd >= 4 * 4096 * 1024 * 4  # three saved inputs and the output, 16 MiB each
+    assert bwd <= -3 * 4096 * 1024 * 4  # the saved inputs go
+    # Layer 3 gets the gradient of sum() (a view, nothing to free): it allocates its input's
+    # gradient as it frees its saved input; the others also free the gradient they receive.
+    for i in range(3):
         assert s[f"Sequential.backward/{i}"].values["mem_delta"].max < 0
 
 
@@ -176,8 +180,9 @@ def test_activation_checkpointing_keeps_less() -> None:
         deltas[ckpt] = t.summary()["Wrapped"].values["mem_delta"].max
         assert t.summary()["Wrapped.backward"].values["mem_peak"].max > 0
         del y
-    assert deltas[True] == 2048 * 1024 * 4  # the output only
-    assert deltas[True] < deltas[False]
+    out_bytes = 2048 * 1024 * 4
+    assert out_bytes <= deltas[True] < out_bytes + MiB  # the output (and no activation)
+    assert deltas[False] >= out_bytes + 2 * 2048 * 4096 * 4  # plain: both 4096-wide activations
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes need Python 3.11")
