@@ -82,6 +82,50 @@ class Device(Protocol):
         """An event (no timing) recorded on stream ``key`` now, for another stream to wait on."""
         ...
 
+    def allocator(self) -> Allocator | None:
+        """The caching allocator the memory columns read (``Allocator``), or None."""
+        ...
+
+
+class Allocator(Protocol):
+    """What the memory columns (``memory=True``, ``sources/_memory.py``) ask of the CUDA
+    caching allocator: a marker per region boundary in its own event history, and that
+    history read back. ``CudaAllocator`` is torch's; tests give a fake one.
+
+    The allocator records every allocation and free in a per-device history with the calling
+    thread's metadata string; a boundary sets that string (``tag``), so reading the history
+    places each event between two boundaries of its thread, and the attribution to regions is
+    done when the history is read (``read``), never at a boundary."""
+
+    def why_not(self) -> str | None:
+        """None when the history can be used; else why not (shown once in the report)."""
+        ...
+
+    def start(self) -> str | None:
+        """Have the history recorded from now on (once); None, or why it cannot be."""
+        ...
+
+    #: Set the calling thread's metadata string: what the allocator puts on its next events.
+    tag: Callable[[str], None]
+
+    @property
+    def ring(self) -> int | None:
+        """Events the history holds between two reads (None: the program's own history, of a
+        size not known here, is read at reports only)."""
+        ...
+
+    def read(self) -> tuple[dict[int, list[tuple[str, int]]], set[int]]:
+        """The events recorded since the last read, per device, oldest first, as (metadata,
+        signed bytes: + allocated, - freed); and the devices where events were lost since
+        the last read (the history's ring overflowed, or was cleared). RuntimeError, saying
+        why, once the history cannot be read any more (the program turned it off)."""
+        ...
+
+    def usage(self, device: int) -> tuple[int, int]:
+        """(bytes allocated, bytes reserved) on ``device`` now: one full statistics read
+        (~77 us), for out-of-memory notes only."""
+        ...
+
 
 class CudaDevice:
     """torch's CUDA."""
@@ -92,6 +136,7 @@ class CudaDevice:
         c: Any = torch._C
         self.get_stream: Callable[[int], StreamKey] = c._cuda_getCurrentStream
         self._capturing: Callable[[], bool] = c._cuda_isCurrentStreamCapturing
+        self._allocator: CudaAllocator | None = None
 
     def is_capturing(self) -> bool:
         return self._capturing()
@@ -132,6 +177,146 @@ class CudaDevice:
         event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         event.record(self.stream(key))
         return event
+
+    def allocator(self) -> Allocator | None:
+        if self._allocator is None:
+            self._allocator = CudaAllocator()
+        return self._allocator
+
+
+# The allocator's history ring, per device: 65536 events of ~150 bytes (~10 MB of host
+# memory a device). The memory columns read it when about half of it is new
+# (``sources/_memory.py``), and cleared after each read, so each event is converted once.
+HISTORY_ENTRIES = 65536
+# What the history leaves out: only an allocation and a free request move the allocated
+# bytes; a free completed later (after record_stream), segments and snapshots would take
+# half the ring.
+_SKIP_ACTIONS = ["free_completed", "segment_alloc", "segment_free", "snapshot", "oom"]
+_MOVES = {"alloc": 1, "free_requested": -1}
+
+
+def _no_tag(text: str) -> None:
+    """The marker of a torch that has none (``why_not`` says so; never called then)."""
+
+
+def _event_key(e: dict[str, Any]) -> tuple[Any, ...]:
+    return (e.get("time_us"), e.get("action"), e.get("addr"), e.get("size"), e.get("user_metadata"))
+
+
+class CudaAllocator:
+    """torch's caching allocator, read through its own event history
+    (``torch.cuda.memory._record_memory_history``) with a thread's metadata string as the
+    boundary marker (``torch.cuda.memory._set_memory_metadata``, torch >= 2.10: one C call
+    taking a str). Reading the statistics at each boundary instead (``memory_allocated()``, ~77 us:
+    it builds the whole statistics dict) would cost more than the regions themselves, and
+    could not see a peak between two boundaries without resetting the user's
+    ``max_memory_allocated()``.
+
+    The history is turned on once, without stack traces, unless the program records it
+    already (then its settings are kept and it is only read). Each event costs the allocator
+    a ring entry in C++; sizes are the bytes the tensors asked for (before rounding)."""
+
+    def __init__(self) -> None:
+        self._set: Callable[[str], None] | None = getattr(torch._C, "_cuda_setMemoryMetadata", None)
+        self.tag: Callable[[str], None] = self._set or _no_tag
+        self._started = False
+        self._owned = False  # turned on here: cleared after each read, so none is read twice
+        self._stopped: str | None = None
+        self._last: dict[int, tuple[Any, ...]] = {}  # not owned: the last event read, per device
+
+    @property
+    def ring(self) -> int | None:
+        return HISTORY_ENTRIES if self._owned else None
+
+    def why_not(self) -> str | None:
+        if self._set is None:
+            return (
+                f"torch {torch.__version__} cannot mark the allocator's events "
+                "(torch.cuda.memory._set_memory_metadata is new in torch 2.10)"
+            )
+        backend = torch.cuda.memory.get_allocator_backend()  # type: ignore[no-untyped-call]
+        if backend != "native":
+            return (
+                f"the {backend} allocator backend keeps no event history (PYTORCH_CUDA_ALLOC_CONF "
+                "selects it); the native caching allocator does"
+            )
+        return self._stopped
+
+    def _record(self, clear: bool) -> None:
+        options: dict[str, Any] = {
+            "context": None,
+            "stacks": "python",
+            "max_entries": HISTORY_ENTRIES,
+            "clear_history": clear,
+        }
+        record = torch.cuda.memory._record_memory_history
+        try:
+            record("all", skip_actions=_SKIP_ACTIONS, **options)
+        except (TypeError, ValueError, RuntimeError):  # no skip_actions, or not one of them
+            record("all", **options)
+
+    def start(self) -> str | None:
+        if not self._started:
+            self._started = True
+            try:
+                if torch._C._cuda_isHistoryEnabled():
+                    self._owned = False  # the program's own: read it, change nothing
+                else:
+                    self._record(clear=True)
+                    self._owned = True
+            except (RuntimeError, TypeError, ValueError, AttributeError) as exc:
+                self._stopped = f"the allocator's history could not be turned on ({exc})"
+        return self._stopped
+
+    def read(self) -> tuple[dict[int, list[tuple[str, int]]], set[int]]:
+        if self._stopped is None and not torch._C._cuda_isHistoryEnabled():
+            self._stopped = (
+                "the program turned the allocator's history off "
+                "(torch.cuda.memory._record_memory_history(None))"
+            )
+        if self._stopped is not None:
+            raise RuntimeError(self._stopped)
+        traces: list[list[dict[str, Any]]] = torch.cuda.memory._snapshot().get("device_traces", [])
+        if self._owned:
+            self._record(clear=True)  # right after the read: what follows is all new
+        events: dict[int, list[tuple[str, int]]] = {}
+        lost: set[int] = set()
+        for dev, entries in enumerate(traces):
+            if not entries:
+                continue
+            first = 0
+            if self._owned:
+                if len(entries) >= HISTORY_ENTRIES:  # a full ring may have wrapped
+                    lost.add(dev)
+            else:
+                last = self._last.get(dev)
+                self._last[dev] = _event_key(entries[-1])
+                if last is not None:
+                    at = next(
+                        (
+                            i
+                            for i in range(len(entries) - 1, -1, -1)
+                            if _event_key(entries[i]) == last
+                        ),
+                        None,
+                    )
+                    if at is None:
+                        lost.add(dev)
+                    else:
+                        first = at + 1
+            moves = _MOVES
+            events[dev] = [
+                (e.get("user_metadata") or "", moves[e["action"]] * int(e["size"]))
+                for e in entries[first:]
+                if e["action"] in moves
+            ]
+        return events, lost
+
+    def usage(self, device: int) -> tuple[int, int]:
+        return (
+            int(torch.cuda.memory_allocated(device)),  # type: ignore[no-untyped-call]
+            int(torch.cuda.memory_reserved(device)),  # type: ignore[no-untyped-call]
+        )
 
 
 _HAS_CUDA_BUILD = all(
@@ -258,6 +443,14 @@ def stamps(device: int) -> Any:
     if seam.device is None or seam.state != USABLE:
         return None
     return seam.device.stamps(device)
+
+
+def allocator() -> Allocator | None:
+    """The caching allocator of the GPU in use, once CUDA is initialised; None without it."""
+    seam = _seam
+    if seam.device is None or not usable():
+        return None
+    return seam.device.allocator()
 
 
 def marker(key: StreamKey) -> Any:

@@ -149,6 +149,7 @@ def instrument(
     exclude: Pattern | Iterable[Pattern] | None = None,
     *,
     backward: bool = False,
+    memory: bool = False,
     timer: Timer | None = None,
 ) -> Instrumented:
     """Put a region around the forward of ``model`` and of every submodule.
@@ -168,7 +169,9 @@ def instrument(
     subclasses, or lists of those; ``exclude`` skips a module, not its children (``"h.0*"``
     skips a subtree). ``backward=True`` also times each module call's backward, as rows that
     mirror the forward tree under ``<Model>.backward`` (``GPT.backward/h.0/attn``; see
-    docs/instrument.md for what a module's backward is). ``timer``: default Timer if None.
+    docs/instrument.md for what a module's backward is). ``memory=True`` also measures each
+    call's GPU memory (forward rows, and backward rows with ``backward=True``): the columns
+    ``mem_delta`` and ``mem_peak`` (docs/memory.md). ``timer``: default Timer if None.
 
     >>> import torch, cudatimer
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
@@ -192,6 +195,9 @@ def instrument(
     excludes = _patterns(exclude, "exclude")
     if not isinstance(backward, bool):
         raise TypeError(f"backward must be a bool, got {type(backward).__name__}")
+    if not isinstance(memory, bool):
+        raise TypeError(f"memory must be a bool, got {type(memory).__name__}")
+    options = {"memory": True} if memory else {}  # the region options of every row
     if timer is None:
         timer = default_timer()
     elif not isinstance(timer, Timer):
@@ -266,12 +272,11 @@ def instrument(
     root = f"{root_name}.backward"
     try:
         for path, name, parts, module in chosen:
-            region = timer.region(name)
+            region = timer.region(name, **options)  # type: ignore[arg-type]
             inner = None
             if backward and not DISABLED_AT_IMPORT:
-                site = _backward.Site(
-                    timer.region(f"{parts[-1]}.backward" if parts else root), (root, *parts)
-                )
+                row = f"{parts[-1]}.backward" if parts else root
+                site = _backward.Site(timer.region(row, **options), (root, *parts))  # type: ignore[arg-type]
                 inner = functools.partial(_backward.hooking, site=site)
                 handle.backward_regions[path] = "/".join(site.path)
             # Only the model itself may be compiled as a whole (torch.compile(model)); its

@@ -20,6 +20,7 @@ True
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from ..core import _core
@@ -30,6 +31,9 @@ __all__ = ["ValueStore"]
 _TIMED, _HOST, _SKIP, _UNTIMED = _core.TIMED, _core.HOST, _core.SKIP, _core.UNTIMED
 
 Key = tuple[int, int]  # (slot, device index or -1 for the host clock): a report row
+#: One call's values for ``ValueStore.add_each``: (slot, gen, dev, step or None,
+#: ((name, value), ...)).
+Call = tuple[int, int, int, int | None, tuple[tuple[str, float], ...]]
 
 
 class _Acc:
@@ -55,6 +59,18 @@ class _Acc:
         return Tally(self.count, self.total, self.lo, self.hi)
 
 
+def _number(name: str, value: float) -> float:
+    """``value`` of column ``name`` as a float, checked."""
+    if column(name) is None:
+        raise ValueError(f"no value column named {name!r} is registered (records._values.register)")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"value must be a number, got {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"value must be a finite number, got {value!r}")
+    return number
+
+
 def _frozen(accs: dict[Key, dict[str, _Acc]]) -> dict[Key, Values]:
     return {key: Values({n: a.tally() for n, a in by.items()}) for key, by in accs.items()}
 
@@ -70,33 +86,47 @@ class ValueStore:
         self._run: dict[Key, dict[str, _Acc]] = {}
         self._steps: dict[int, dict[Key, dict[str, _Acc]]] = {}
 
-    def add(self, slot: int, gen: int, dev: int, name: str, value: float) -> bool:
+    def add(
+        self, slot: int, gen: int, dev: int, name: str, value: float, step: int | None = None
+    ) -> bool:
         """Fold ``value`` of column ``name`` into the row (``slot``, clock ``dev``: a device
-        index, -1 the host) of the generation ``gen``; False when a reset() came since."""
-        if column(name) is None:
-            raise ValueError(
-                f"no value column named {name!r} is registered (records._values.register)"
-            )
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"value must be a number, got {type(value).__name__}")
-        number = float(value)
-        if not math.isfinite(number):
-            raise ValueError(f"value must be a finite number, got {value!r}")
+        index, -1 the host) of the generation ``gen``; False when a reset() came since.
+        ``step``: the step the call ended in, for a value known after the call (memory, read
+        from the allocator's history later); None: the current step."""
+        return self.add_each([(slot, gen, dev, step, ((name, value),))]) == 1
+
+    def add_each(self, calls: Iterable[Call]) -> int:
+        """``add`` for many calls under one lock (a source that learns values in batches):
+        each call is (slot, gen, dev, step, ((name, value), ...)); returns how many were kept
+        (the others came before a reset())."""
+        checked = [
+            ((slot, dev), gen, step, [(name, _number(name, value)) for name, value in values])
+            for slot, gen, dev, step, values in calls
+        ]
         store = self._store
-        key = (slot, dev)
+        kept_calls = 0
         with self._lock:
-            if gen != store.gen:
-                return False
-            # keep_steps=0: no step is kept, and no window can be reported.
-            tables = (self._run,) if not self._keep else (self._run, self._step(store.step))
-            for table in tables:
-                by = table.setdefault(key, {})
-                acc = by.get(name)
-                if acc is None:
-                    by[name] = _Acc(number)
+            current = store.step
+            for key, gen, step, values in checked:
+                if gen != store.gen:
+                    continue
+                kept_calls += 1
+                # keep_steps=0: no step is kept, and no window can be reported; a step older
+                # than the kept ones has no table either.
+                at = current if step is None else step
+                if self._keep and at >= current - self._keep:
+                    tables: tuple[dict[Key, dict[str, _Acc]], ...] = (self._run, self._step(at))
                 else:
-                    acc.add(number)
-        return True
+                    tables = (self._run,)
+                for table in tables:
+                    by = table.setdefault(key, {})
+                    for name, number in values:
+                        acc = by.get(name)
+                        if acc is None:
+                            by[name] = _Acc(number)
+                        else:
+                            acc.add(number)
+        return kept_calls
 
     def add_open(self, name: str, value: float) -> bool:
         """``add`` to the innermost region open on this thread (its clock decided at enter);
@@ -120,7 +150,8 @@ class ValueStore:
         if table is None:
             table = self._steps[step] = {}
             # The store keeps the last keep_steps steps' samples; values keep as many.
-            for old in [s for s in self._steps if s < step - self._keep]:
+            newest = max(step, self._store.step)
+            for old in [s for s in self._steps if s < newest - self._keep]:
                 del self._steps[old]
         return table
 

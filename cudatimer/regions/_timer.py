@@ -30,8 +30,8 @@ from .._config import DISABLED_AT_IMPORT, PURE_PYTHON
 from ..core import _core, _device
 from ..recorder._recorder import Recorder
 from ..records._records import StepStats, Summary
-from ..sources import _backward, _compile
-from ..sources._source import TIMERS
+from ..sources import _backward, _compile, _memory
+from ..sources._source import TIMERS, Probe
 from . import _output
 from ._machine import machine_meta
 from ._nvtx import Domain, resolve_color
@@ -69,6 +69,7 @@ class RegionOptions(TypedDict, total=False):
     streams: Iterable[Any] | None
     every: int | None
     backward: bool | None
+    memory: bool | None
 
 
 _REGION_OPTIONS = frozenset(RegionOptions.__annotations__)
@@ -163,6 +164,7 @@ class Region(_core.RegionBase):
         "every",
         "name",
         "nvtx",
+        "probes",
         "streams",
         "timer",
         "timing",
@@ -180,9 +182,13 @@ class Region(_core.RegionBase):
         clock: Clock,
         streams: tuple[tuple[tuple[int, int, int], Any], ...] = (),
         every: int = 1,
+        probes: tuple[Probe, ...] = (),
     ) -> None:
         self.timer = timer
         self.name = name
+        # What options such as memory=True measure around each call (their classes below
+        # run them; a region without any is one of the plain classes, nothing per call).
+        self.probes = probes
         self.domain = timer.domain
         # Decided here, once, so the hooks test plain attributes: attrs is None when NVTX is
         # off, no tool is attached, or mode="events".
@@ -238,6 +244,36 @@ class _SampledRegion(Region):
         return self
 
 
+class _Probed:
+    """Mixed into a region class whose regions have probes (``memory=True``): each probe
+    runs after the region's own enter and before its own exit. Only these classes run
+    them, so regions without probes pay nothing for them."""
+
+    __slots__ = ()
+    probes: tuple[Probe, ...]
+
+    def __enter__(self) -> Any:
+        super().__enter__()  # type: ignore[misc]
+        for probe in self.probes:
+            probe.enter(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            for probe in reversed(self.probes):
+                probe.exit(self, exc[1])
+        finally:
+            super().__exit__(*exc)  # type: ignore[misc]
+
+
+class _ProbedRegion(_Probed, Region):
+    __slots__ = ()
+
+
+class _ProbedSampledRegion(_Probed, _SampledRegion):
+    __slots__ = ()
+
+
 class _Seqs(threading.local):
     """Per thread: the autograd node number at each open ``with`` of one backward region, and
     whether ``backward_from`` was called in it."""
@@ -257,12 +293,14 @@ class _BackwardRegion(Region):
 
     __slots__ = ("_seqs", "backward_site")
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         timer: Timer = args[0]
         name: str = args[1]
         # Under CUDATIMER_DISABLE this region only checks its options (NULL_REGION runs).
-        row = None if DISABLED_AT_IMPORT else timer.region(f"{name}.backward")
+        # The backward row measures what the region measures (memory=True: its memory too).
+        same = {probe.option: True for probe in self.probes}
+        row = None if DISABLED_AT_IMPORT else timer.region(f"{name}.backward", **same)  # type: ignore[arg-type]
         self.backward_site = None if row is None else _backward.Site(row, (f"{name}.backward",))
         self._seqs = _Seqs()
 
@@ -337,6 +375,11 @@ class _BackwardRegion(Region):
 
 #: Per Timer, the backward regions already warned about a block without ``backward_from``.
 _UNHOOKED_WARNED: weakref.WeakKeyDictionary[Timer, set[str]] = weakref.WeakKeyDictionary()
+
+
+class _ProbedBackwardRegion(_Probed, _BackwardRegion):
+    __slots__ = ()
+
 
 #: What regions become when ``CUDATIMER_DISABLE`` is set: nothing on enter, exit or call.
 NULL_REGION: Any = _core.NullRegion()
@@ -457,7 +500,9 @@ class Timer:
         time the backward of what the region computes, as the top-level row
         ``<name>.backward``: a decorated function's or module's tensor outputs, or in a
         ``with`` block the tensors handed to ``region.backward_from(...)``; see
-        docs/instrument.md).
+        docs/instrument.md), ``memory`` (True: also measure each call's GPU memory, the bytes
+        it leaves allocated and the most it held while open, columns ``mem_delta`` and
+        ``mem_peak``; its backward row too; see docs/memory.md).
 
         >>> import cudatimer
         >>> t = cudatimer.Timer(name="sampled")
@@ -508,6 +553,7 @@ class Timer:
         streams: Iterable[Any] | None = None,
         every: int | None = None,
         backward: bool | None = None,
+        memory: bool | None = None,
     ) -> Region:
         """``region`` past its cache: checks the options and makes the region (cached by name
         when ``plain``: no options, or all None)."""
@@ -532,6 +578,7 @@ class Timer:
             streams,
             every,
             backward,
+            memory,
         )
         # With CUDATIMER_DISABLE the options are still checked, and the region does nothing.
         return NULL_REGION if DISABLED_AT_IMPORT else made  # type: ignore[no-any-return]
@@ -553,12 +600,18 @@ class Timer:
         streams: object = None,
         every: object = None,
         backward: object = None,
+        memory: object = None,
     ) -> Region:
         name = check_name(name)
         if backward is not None and not isinstance(backward, bool):
             raise TypeError(
                 f"backward must be a bool or None, got {type(backward).__name__} ({backward!r})"
             )
+        if memory is not None and not isinstance(memory, bool):
+            raise TypeError(
+                f"memory must be a bool or None, got {type(memory).__name__} ({memory!r})"
+            )
+        probes: tuple[Probe, ...] = (_memory.MEMORY,) if memory else ()
         keys = _check_streams(streams)
         if every is None:
             every = 1
@@ -601,18 +654,26 @@ class Timer:
                 raise ValueError(f"payload must be a finite number when a float, got {payload}")
             payload = float(payload)
         rgb = resolve_color(name, color)
+        if memory and mode == "nvtx":
+            raise ValueError(
+                "memory=True needs a row to hold the values, and mode='nvtx' records none; use "
+                "mode='full' or 'events'"
+            )
         if backward:
             if every != 1:
                 raise ValueError(
                     f"backward=True cannot be combined with every={every}: a backward row is "
                     "opened by autograd, not by a call that could be sampled"
                 )
-            return _BackwardRegion(self, name, mode, rgb, category, payload, clock, keys)  # type: ignore[arg-type]
+            kind: type[_BackwardRegion] = _ProbedBackwardRegion if probes else _BackwardRegion
+            return kind(self, name, mode, rgb, category, payload, clock, keys, probes=probes)
         if every != 1 and mode != "nvtx":
             made: Mode = mode  # type: ignore[assignment]
             on: Clock = clock  # type: ignore[assignment]
-            return _SampledRegion(self, name, made, rgb, category, payload, on, keys, every)
-        return Region(self, name, mode, rgb, category, payload, clock, keys)  # type: ignore[arg-type]
+            sampled: type[_SampledRegion] = _ProbedSampledRegion if probes else _SampledRegion
+            return sampled(self, name, made, rgb, category, payload, on, keys, every, probes)
+        plain: type[Region] = _ProbedRegion if probes else Region
+        return plain(self, name, mode, rgb, category, payload, clock, keys, probes=probes)  # type: ignore[arg-type]
 
     def timed(self, fn: Any = None, /, name: str | None = None, **options: Any) -> Any:
         """Decorator: ``@timer.timed``, ``@timer.timed("name")`` or ``@timer.timed(name=...)``.

@@ -24,6 +24,7 @@ import torch
 from .._config import DISABLED_AT_IMPORT
 from ..core import _core
 from ..sources import _backward, _compile
+from ..sources._source import Probe
 
 # Folded to True by Dynamo while it traces (a decorated function inlined into compiled code);
 # one Python frame that returns False otherwise.
@@ -41,6 +42,8 @@ class Region(Protocol):
     def counter(self) -> Any: ...
     @property
     def timer(self) -> Timer: ...
+    @property
+    def probes(self) -> tuple[Probe, ...]: ...
 
     def __enter__(self) -> Any: ...
     def __exit__(self, *exc: Any) -> None: ...
@@ -94,6 +97,9 @@ def wrap(fn: Any, region: Region, entry: bool = True) -> Any:
     # every=N regions have their own enter hook (decided here, so plain regions pay nothing).
     enter = rec.enter_sampled if region.counter is not None else rec.enter
     leave = rec.exit
+    begin, end = rec.begin, rec.end
+    if region.probes:  # memory=True: measured around the hooks below (decided here, once)
+        enter, leave, begin, end = _probed(region, enter, leave, begin, end)
 
     if inspect.isasyncgenfunction(fn) or (
         getattr(fn, "__code__", None) is _ASYNC_CONTEXTMANAGER_CODE
@@ -109,11 +115,11 @@ def wrap(fn: Any, region: Region, entry: bool = True) -> Any:
         # start/end range, events at the first and last step), timed until it finishes.
         @functools.wraps(fn)
         async def timed_coroutine(*args: Any, **kwargs: Any) -> Any:
-            token = rec.begin(region)
+            token = begin(region)
             try:
                 return await fn(*args, **kwargs)
             finally:
-                rec.end(region, token)
+                end(region, token)
 
         return timed_coroutine
 
@@ -203,6 +209,50 @@ def wrap(fn: Any, region: Region, entry: bool = True) -> Any:
         "cuda_timed(torch.jit.script(fn)), or leave it unscripted.",
     )
     return timed_function
+
+
+def _probed(
+    region: Region,
+    enter: Callable[[Any], None],
+    leave: Callable[[Any, bool], None],
+    begin: Callable[[Any], Any],
+    end: Callable[[Any, Any], None],
+) -> tuple[
+    Callable[[Any], None],
+    Callable[[Any, bool], None],
+    Callable[[Any], Any],
+    Callable[[Any, Any], None],
+]:
+    """The recorder's hooks of a region with probes (``memory=True``) with the probes run
+    around them: for the wrappers that call the hooks, not the region's own enter and exit
+    (generators, context managers, coroutines)."""
+    probes = region.probes
+
+    def probed_enter(r: Any) -> None:
+        enter(r)
+        for probe in probes:
+            probe.enter(r)
+
+    def probed_leave(r: Any, clean: bool) -> None:
+        try:
+            for probe in reversed(probes):
+                probe.exit(r, None)
+        finally:
+            leave(r, clean)
+
+    open_: Callable[[], Any] = functools.partial(begin, region)
+    close: Callable[[Any], None] = functools.partial(end, region)
+    for probe in probes:
+        open_, close = probe.detached(region, open_, close)
+    opened, closed = open_, close
+
+    def probed_begin(r: Any) -> Any:
+        return opened()
+
+    def probed_end(r: Any, token: Any) -> None:
+        closed(token)
+
+    return probed_enter, probed_leave, probed_begin, probed_end
 
 
 def _timing_backward(fn: Any, site: Any) -> Any:
@@ -299,6 +349,8 @@ def _wrap_class(cls: type, region: Region) -> type:
         rec = region.timer.recorder
         enter = rec.enter_sampled if region.counter is not None else rec.enter
         leave = rec.exit
+        if region.probes:
+            enter, leave, _, _ = _probed(region, enter, leave, rec.begin, rec.end)
         enter_cm, exit_cm = cls.__enter__, cls.__exit__  # type: ignore[attr-defined]
 
         @functools.wraps(enter_cm)

@@ -37,16 +37,20 @@ from ..records._records import RegionStats, Summary
 from ._gate import DEFAULT_STAT, compare_sides
 from ._report import (
     COMPARE_STATS,
+    MEMORY_COLUMNS,
     TREE_LEVELS,
     analyse,
     compare_note,
+    compare_unit,
     compared,
     elide,
     folded_ranks,
     gate_headline,
     gate_notes,
+    has_memory,
     host_bound,
     level_text,
+    mem_mib,
     per_step_title,
     rank_ranges,
     summary_notes,
@@ -150,6 +154,9 @@ def _regions(summary: Summary) -> dict[str, Any]:
         columns.append(("cpu_gpu", "CPU/GPU", "x2"))
     if syncs:
         columns.append(("syncs", "syncs", "int"))
+    memory = has_memory(summary)
+    if memory:  # MiB with 2 decimals (the page's "x2" numbers)
+        columns += [("mem_delta", "mem delta MiB", "x2"), ("mem_peak", "mem peak MiB", "x2")]
     body = []
     for row in rows:
         r = row.r
@@ -173,6 +180,9 @@ def _regions(summary: Summary) -> dict[str, Any]:
             else None,
             "syncs": r.syncs,
         }
+        if memory:
+            values["mem_delta"] = _num(mem_mib(r, "mem_delta", "mean"))
+            values["mem_peak"] = _num(mem_mib(r, "mem_peak", "max"))
         cls = "bound" if host_bound(r) else ""
         body.append((r.name, cls, [values[c[0]] for c in columns]))
     keys = [(r.name, r.clock) for r in summary.regions]
@@ -267,12 +277,13 @@ def _compare(
     base: Summary, new: Summary, stat: str, tolerance: float, labels: tuple[str, str]
 ) -> dict[str, Any]:
     rows = compared(base, new, stat=stat, tolerance=tolerance, labels=labels)
-    unit = "ms/step" if stat == "per_step" else f"{stat} ms"
+    unit = compare_unit(stat)
+    kind = "x2" if stat in MEMORY_COLUMNS else "ms"  # MiB with 2 decimals, or ms
     columns = [
         ("region", "region", "text"),
         ("clock", "clock", "text"),
-        ("base", f"{labels[0]} {unit}", "ms"),
-        ("new", f"{labels[1]} {unit}", "ms"),
+        ("base", f"{labels[0]} {unit}", kind),
+        ("new", f"{labels[1]} {unit}", kind),
         ("ratio", f"{labels[1]}/{labels[0]}", "x3"),
         ("change", "change", "text"),
     ]

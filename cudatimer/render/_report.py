@@ -21,12 +21,17 @@ __all__ = [
     "COLUMNS",
     "COMPARE_STATS",
     "HOST_BOUND_RATIO",
+    "MEMORY_COLUMNS",
+    "MIB",
     "SORTS",
     "VIEWS",
     "Compared",
     "compare_note",
+    "compare_unit",
     "compared",
     "folded_ranks",
+    "has_memory",
+    "mem_mib",
     "per_step_note",
     "per_step_title",
     "render",
@@ -126,6 +131,12 @@ def _ms(value: float | None) -> str:
     return f"{value:.3f}"
 
 
+def _mib_cell(value: float | None) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value:.2f}"
+
+
 def _pct(value: float | None) -> str:
     if value is None or math.isnan(value):
         return "-"
@@ -136,6 +147,17 @@ def _ratio(r: RegionStats) -> float | None:
     if r.gpu_total_ms is None or r.gpu_total_ms <= 0:
         return None
     return r.cpu_total_ms / r.gpu_total_ms
+
+
+#: Bytes per MiB: the memory columns (``mem_delta``, ``mem_peak``) are in MiB.
+MIB = float(2**20)
+
+
+def mem_mib(r: RegionStats, name: str, stat: str) -> float | None:
+    """``stat`` (mean, max...) of the value column ``name`` of ``r`` in MiB; None when the row
+    has no such value (not measured, or no CUDA allocator)."""
+    tally = r.values.get(name)
+    return None if tally is None else float(tally.stat(stat)) / MIB
 
 
 def host_bound(r: RegionStats) -> bool:
@@ -206,7 +228,12 @@ COLUMNS: dict[str, tuple[str, _Cell]] = {
     "bound": ("bound", lambda row, _: "host" if host_bound(row.r) else ""),
     "syncs": ("syncs", lambda row, _: str(row.r.syncs)),
     "skipped": ("skipped", lambda row, _: str(row.r.skipped)),
+    # Memory (memory=True): the mean a call leaves allocated, the highest a call held.
+    "mem_delta": ("mem delta MiB", lambda row, _: _mib_cell(mem_mib(row.r, "mem_delta", "mean"))),
+    "mem_peak": ("mem peak MiB", lambda row, _: _mib_cell(mem_mib(row.r, "mem_peak", "max"))),
 }
+#: The columns added to the default ones when some row holds memory values.
+MEMORY_COLUMNS = ("mem_delta", "mem_peak")
 
 _TEXT_COLUMNS = ("region", "clock", "bound")
 _FLAT = (
@@ -279,6 +306,8 @@ def _columns(
             chosen.append("bound")
         if any(r.syncs for r in summary.regions):
             chosen.append("syncs")
+        if has_memory(summary):
+            chosen += MEMORY_COLUMNS
         return chosen
     if isinstance(columns, str) or not isinstance(columns, Sequence):
         raise TypeError(
@@ -288,6 +317,11 @@ def _columns(
     if unknown or not columns:
         raise ValueError(f"columns must name some of {', '.join(COLUMNS)}; got {list(columns)!r}")
     return list(columns)
+
+
+def has_memory(summary: Summary) -> bool:
+    """True when some region of ``summary`` holds memory values (``memory=True``)."""
+    return any(name in r.values for r in summary.regions for name in MEMORY_COLUMNS)
 
 
 def render(
@@ -315,8 +349,8 @@ def render(
     % of the clock's total). ``sort``: total, mean, calls, name or order (first seen); the
     tree sorts siblings. ``fmt``: any tabulate format ("github" for Markdown, "plain", ...).
     ``columns``: keys of ``COLUMNS`` (default: a set per view; when nothing ran on a GPU the
-    GPU columns give way to host percentiles; ``bound`` and ``syncs`` are added when some row
-    has them).
+    GPU columns give way to host percentiles; ``bound``, ``syncs`` and the memory columns
+    ``mem_delta``, ``mem_peak`` are added when some row has them).
     ``match``: keep regions whose path (or leaf name) matches this glob; text without
     wildcards matches paths containing it. ``min_share``: keep regions with at least this
     fraction (0-1) of their clock's total time. The tree keeps the ancestors of kept rows.
@@ -442,6 +476,17 @@ def summary_notes(
     ranks = folded_ranks(summary)
     if "per_step" in chosen and ranks > 1 and summary.steps:
         notes.append(per_step_note(ranks))
+    if any(c in chosen for c in MEMORY_COLUMNS) and has_memory(summary):
+        notes.append(
+            "mem delta MiB: what a call leaves allocated (bytes at exit minus at enter, mean "
+            "over calls, < 0 where it frees); mem peak MiB: the most a call held above its "
+            "enter level while open (max over calls); bytes tensors asked the CUDA caching "
+            "allocator for (docs/memory.md)"
+        )
+    if meta.get("memory_note"):
+        notes.append(meta["memory_note"])
+    if meta.get("memory_oom_note"):
+        notes.append(meta["memory_oom_note"])
     hidden = len(rows) - len(shown)
     if hidden > 0:
         notes.append(f"{hidden} region(s) hidden by match/min_share")
@@ -484,10 +529,35 @@ def summary_notes(
 
 
 # -- comparing two runs ----------------------------------------------------------------------
-COMPARE_STATS = ("mean", "total", "per_step", "p50", "p90", "p99", "min", "max")
+COMPARE_STATS = (
+    "mean",
+    "total",
+    "per_step",
+    "p50",
+    "p90",
+    "p99",
+    "min",
+    "max",
+    "mem_delta",
+    "mem_peak",
+)
+# The memory stats compared: (value column, its statistic): the mean a call leaves, the
+# highest a call held.
+_MEMORY_STATS = {"mem_delta": ("mem_delta", "mean"), "mem_peak": ("mem_peak", "max")}
+
+
+def compare_unit(stat: str) -> str:
+    """The unit of a comparison's columns: ``mean ms``, ``ms/step``, ``mem peak MiB``."""
+    if stat in _MEMORY_STATS:
+        return f"{stat.replace('_', ' ')} MiB"
+    return "ms/step" if stat == "per_step" else f"{stat} ms"
 
 
 def _stat(r: RegionStats, stat: str, steps: int) -> float:
+    memory = _MEMORY_STATS.get(stat)
+    if memory is not None:
+        mib = mem_mib(r, *memory)
+        return math.nan if mib is None else mib
     hist: Histogram = r.gpu if r.gpu is not None and r.gpu.count else r.cpu
     if hist.count == 0:
         return math.nan
@@ -550,6 +620,8 @@ def compared(
             verdict = f"only in {labels[1]}"
         elif b is None:
             verdict = f"only in {labels[0]}"
+        elif stat in _MEMORY_STATS:
+            verdict, ratio = _memory_change(x, y, tolerance)
         elif math.isnan(x) or math.isnan(y) or x <= 0 or y <= 0:
             verdict = "-"
         else:
@@ -564,7 +636,32 @@ def compared(
     return out
 
 
+def _memory_change(x: float, y: float, tolerance: float) -> tuple[str, float | None]:
+    """The verdict on two memory values (MiB) and their ratio (None unless both > 0): by
+    ratio where both are positive, else by difference (a delta may be 0 or negative)."""
+    if math.isnan(x) or math.isnan(y):
+        return "-", None
+    if x > 0 and y > 0:
+        ratio = y / x
+        if abs(ratio - 1.0) <= tolerance:
+            return "same", ratio
+        return (f"{1.0 / ratio:.2f}x less" if ratio < 1.0 else f"{ratio:.2f}x more"), ratio
+    if abs(y - x) <= tolerance * max(abs(x), abs(y)):
+        return "same", None
+    return (f"{y - x:+.2f} MiB", None)
+
+
 def compare_note(stat: str, tolerance: float) -> str:
+    if stat in _MEMORY_STATS:
+        what = (
+            "bytes a call leaves allocated (mean)"
+            if stat == "mem_delta"
+            else "the most a call held above its enter level (max)"
+        )
+        return (
+            f"{stat} per region in MiB: {what}; regions measured with memory=True only; "
+            f"'same' = within {100 * tolerance:g}%"
+        )
     return (
         f"{stat} per region; GPU time where timed on the GPU, else host time; "
         f"'same' = within {100 * tolerance:g}%"
@@ -585,7 +682,9 @@ def render_compare(
     Regions are matched by path and clock; each row compares the GPU time where the region
     was timed on the GPU, else host time. ``stat``: mean (per call, the default: runs of
     different lengths compare fairly), total, per_step (total / steps), p50, p90, p99, min or
-    max. Changes within ``tolerance`` (a fraction, default 2%) read "same".
+    max; or memory (``memory=True`` regions, MiB): mem_delta (the mean a call leaves
+    allocated) or mem_peak (the most a call held). Changes within ``tolerance`` (a fraction,
+    default 2%) read "same".
     """
     for name, value in (("base", base), ("new", new)):
         if not isinstance(value, Summary):
@@ -594,12 +693,13 @@ def render_compare(
         raise ValueError(f"stat must be one of {', '.join(COMPARE_STATS)}; got {stat!r}")
     fmt = _check_fmt(fmt)
     rows = compared(base, new, stat=stat, tolerance=tolerance, labels=labels)
+    cell = _mib_cell if stat in _MEMORY_STATS else _ms
     table = [
         [
             elide(c.name),
             c.clock,
-            _ms(c.base_ms),
-            _ms(c.new_ms),
+            cell(c.base_ms),
+            cell(c.new_ms),
             "-" if c.ratio is None else f"{c.ratio:.3f}",
             c.change,
         ]
@@ -607,7 +707,7 @@ def render_compare(
     ]
     if not table:
         return "cudatimer: no regions in either run"
-    unit = "ms/step" if stat == "per_step" else f"{stat} ms"
+    unit = compare_unit(stat)
     headers = [
         "region",
         "clock",
@@ -784,6 +884,11 @@ __all__ += ["render_ranks"]
 _RANK_SORTS = ("total", "max", "mean", "skew", "calls", "name", "order")
 
 
+def _values_mib(r: RankedRegion, name: str, stat: str) -> float | None:
+    tally = r.values.get(name)
+    return None if tally is None else float(tally.stat(stat)) / MIB
+
+
 def rank_ranges(ranks: tuple[int, ...]) -> str:
     """``(0, 1, 2, 5)`` -> ``"0-2,5"``: absent ranks of a large job stay one short cell."""
     parts: list[str] = []
@@ -874,8 +979,20 @@ def render_ranks(
             _ms(r.p50_ms),
             _ms(r.p90_ms),
             _ms(r.p99_ms),
+            *(
+                [
+                    _mib_cell(_values_mib(r, "mem_delta", "mean")),
+                    _mib_cell(_values_mib(r, "mem_peak", "max")),
+                ]
+                if memory
+                else []
+            ),
         ]
 
+    # memory=True rows: every rank's calls merged (the mean a call leaves, the most one held).
+    memory = any(name in r.values for r in ranked.regions for name in MEMORY_COLUMNS)
+    if memory:
+        headers += ["mem delta MiB", "mem peak MiB"]
     key = _rank_key(sort)
     regions = list(ranked.regions) if key is None else sorted(ranked.regions, key=key)
     if not regions:

@@ -20,6 +20,7 @@ hook. No per-call closure: a hook is a small object with the calls it opens.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import threading
 from collections.abc import Callable
@@ -117,9 +118,10 @@ class BackwardRows:
 
 class Site:
     """One backward row: the region that records it and its fixed path from the tree's root
-    (``("Net.backward", "layers.0", "attn")``)."""
+    (``("Net.backward", "layers.0", "attn")``). ``open()`` opens a row (its token) and
+    ``close(token)`` ends it; a region with probes (``memory=True``) measures them."""
 
-    __slots__ = ("path", "rec", "region", "rows", "store")
+    __slots__ = ("close", "open", "path", "rec", "region", "rows", "store")
 
     def __init__(self, region: Any, path: tuple[str, ...]) -> None:
         self.region = region
@@ -127,6 +129,11 @@ class Site:
         self.rec = region.timer.recorder
         self.rows: BackwardRows = self.rec.backward
         self.store = self.rec.store
+        # Bound once: a row's open and close are one call each, as before probes existed.
+        self.open: Callable[[], Any] = functools.partial(self.rows.begin_at, region, path)
+        self.close: Callable[[Any], None] = functools.partial(self.rec.end, region)
+        for probe in getattr(region, "probes", ()):
+            self.open, self.close = probe.detached(region, self.open, self.close)
 
 
 class _Hook:
@@ -185,10 +192,10 @@ def _fire(seq: int, calls: list[tuple[int, Site]], marked: bool = False) -> None
     # Rows whose calls began after this node was made are over.
     while rows and rows[-1][0] > seq:
         _, site, token = rows.pop()
-        site.rec.end(site.region, token)
+        site.close(token)
     for i in range(len(calls) - 1, -1, -1):  # outermost call first
         first, site = calls[i]
-        token = site.rows.begin_at(site.region, site.path)
+        token = site.open()
         row = (first, site, token)
         if rows and rows[-1][0] > first:
             # An outer call's row opening after an inner one's: their calls returned the
@@ -228,7 +235,7 @@ def _flush(task: int) -> None:
         for rows in (p.rows, p.marked):
             while rows:
                 _, site, token = rows.pop()
-                site.rec.end(site.region, token)
+                site.close(token)
 
 
 def _newest(t: torch.Tensor, found: list[torch.Tensor]) -> bool:

@@ -9,7 +9,7 @@ state of the source, and reads them all through ``Source``:
 >>> from cudatimer.regions._timer import Timer
 >>> rec = Timer(name="seam").recorder
 >>> [type(s).__name__ for s in rec.sources]
-['CompileNotes', 'Graphs', 'BackwardRows', 'SyncCounts']
+['CompileNotes', 'Graphs', 'BackwardRows', 'SyncCounts', 'MemoryCalls']
 >>> sum(s.pending() for s in rec.sources), [n for s in rec.sources for n in s.notes()]
 (0, [])
 
@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..core._locks import ForkSafeLock
 
-__all__ = ["TIMERS", "Host", "Registry", "Source"]
+__all__ = ["TIMERS", "Host", "Probe", "Registry", "Source"]
 
 
 class Source(Protocol):
@@ -47,6 +48,30 @@ class Source(Protocol):
     def reset(self) -> None:
         """Forget what this source keeps of the recorder's results and notes
         (``Timer.reset``; the recorder holds its lock and has moved its generation on)."""
+        ...
+
+
+class Probe(Protocol):
+    """What a region option that measures each call (``memory=True``: ``_memory.MEMORY``)
+    adds around the call. Decided when the region is made (``Region.probes``): a region
+    without probes runs its enter and exit as before, nothing tested per call."""
+
+    #: The region option that adds it (a region's backward row gets it too).
+    option: str
+
+    def enter(self, region: Any) -> None:
+        """After the region's own enter: its frame is the top of the thread's stack."""
+        ...
+
+    def exit(self, region: Any, exc: BaseException | None) -> None:
+        """Before the region's own exit (``exc``: what the block raised, or None)."""
+        ...
+
+    def detached(
+        self, region: Any, open_: Callable[[], Any], close: Callable[[Any], None]
+    ) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+        """``open_`` (returns a token) and ``close(token)`` of a detached call of ``region``
+        (a backward row, a coroutine), measured."""
         ...
 
 

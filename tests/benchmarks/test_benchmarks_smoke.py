@@ -643,3 +643,18 @@ def test_results_hold_one_dated_folder_per_run() -> None:
         assert files and files <= set(record["files"]), (
             f"{run.name}: {files - set(record['files'])}"
         )
+def test_memory_cost_runs_its_smoke_mode_on_the_cpu(tmp_path: Path) -> None:
+    """memory_cost.py --smoke measures the readers, a region and the training step through the
+    fake GPU's allocator, and writes the figures."""
+    env = {**os.environ, "CUDATIMER_BENCH_N": "1"}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "memory_cost.py"), "--smoke", "--rounds", "2",
+         "--calls", "20", "--events", "200", "--out", str(tmp_path / "m.json")],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "m.json").read_text())
+    assert doc["readers"]["history_read_us_per_event"] > 0
+    assert doc["region"]["memory_us_per_region"] > 0
+    assert doc["train"]["rows_with_memory"] == 2 * doc["train"]["modules"]  # forward + backward
+    assert "memory / timed" in out.stdout

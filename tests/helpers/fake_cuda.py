@@ -1,7 +1,8 @@
 """A fake CUDA for the recorder's CUDA paths on a machine without a GPU.
 
 It replaces the few CUDA entry points cudatimer uses (``_cuda_getCurrentStream``, the capture
-check, Stream and Event construction) with deterministic stand-ins: each stream has a virtual
+check, Stream and Event construction, the caching allocator's event history:
+``FakeAllocator``) with deterministic stand-ins: each stream has a virtual
 "busy until" time in ms, ``run(ms)`` queues work on a stream, an event recorded on a stream takes
 that stream's busy-until time, and events complete when the test says so (all, by default).
 Timing semantics follow what was measured on an H200: elapsed_time raises ValueError on an
@@ -83,6 +84,7 @@ class FakeGPU:
         self.copies = 0
         self.recycled = 0  # copies read and given back
         self._stamps: dict[int, FakeStamps] = {}
+        self.memory = FakeAllocator(self)
 
     # -- what a test drives ------------------------------------------------------------------
     def new_stream(self, device: int = 0) -> torch.Stream:
@@ -190,6 +192,82 @@ class FakeGPU:
 
     def marker(self, key: tuple[int, int, int]) -> None:
         return None
+
+    def allocator(self) -> FakeAllocator:
+        return self.memory
+
+
+class FakeAllocator:
+    """The caching allocator's event history on the fake GPU (``_device.Allocator``): a test
+    allocates and frees bytes on a device (``alloc``/``free``), each event carries the
+    calling thread's metadata as ``tag`` last set it, and ``read`` hands over the events
+    since the last read, as the real history does when cudatimer owns it.
+
+    ``why``: set it to a reason to make the allocator unusable; ``lose``: devices whose next
+    read reports lost events; ``capacity``: bytes a device holds (an allocation past it raises
+    torch.OutOfMemoryError, as the real allocator does)."""
+
+    ring: int | None = 65536
+
+    def __init__(self, gpu: FakeGPU) -> None:
+        self.gpu = gpu
+        self.local = threading.local()
+        self.events: dict[int, list[tuple[str, int]]] = {}
+        self.level: dict[int, int] = {}
+        self.why: str | None = None
+        self.lose: set[int] = set()
+        self.capacity = 1 << 40
+        self.tags = 0  # boundaries marked
+        self.reads = 0
+        self.starts = 0
+        #: Called after each boundary's mark, before cudatimer keeps the boundary (a test
+        #: reads the history there, as another thread might).
+        self.on_tag: Callable[[], None] | None = None
+
+    def why_not(self) -> str | None:
+        return self.why
+
+    def start(self) -> str | None:
+        self.starts += 1
+        return None
+
+    def tag(self, text: str) -> None:
+        self.tags += 1
+        self.local.meta = text
+        if self.on_tag is not None:
+            self.on_tag()
+
+    def _event(self, device: int, nbytes: int) -> None:
+        self.level[device] = self.level.get(device, 0) + nbytes
+        meta = getattr(self.local, "meta", "")
+        self.events.setdefault(device, []).append((meta, nbytes))
+
+    def alloc(self, nbytes: int, device: int | None = None) -> tuple[int, int]:
+        """Allocate ``nbytes`` on ``device`` (the current one by default); the handle frees it."""
+        dev = self.gpu.current_device() if device is None else device
+        if self.level.get(dev, 0) + nbytes > self.capacity:
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate {nbytes} bytes on device {dev}"
+            )
+        self._event(dev, nbytes)
+        return (dev, nbytes)
+
+    def free(self, handle: tuple[int, int]) -> None:
+        self._event(handle[0], -handle[1])
+
+    def temp(self, nbytes: int, device: int | None = None) -> None:
+        """Allocate and free ``nbytes`` at once (a temporary)."""
+        self.free(self.alloc(nbytes, device))
+
+    def read(self) -> tuple[dict[int, list[tuple[str, int]]], set[int]]:
+        self.reads += 1
+        events, self.events = self.events, {}
+        lost, self.lose = self.lose, set()
+        return events, lost
+
+    def usage(self, device: int) -> tuple[int, int]:
+        allocated = self.level.get(device, 0)
+        return allocated, allocated + (1 << 20)
 
 
 class FakeCopy:
