@@ -20,7 +20,7 @@ On a GPU (``--device cuda``), three parts:
    memory / timed: target <= 1.05.
 
 ``--smoke``: the same parts on the CPU through the fake GPU of the tests
-(``tests/fake_cuda.py``): its allocator's boundary marks and history reads cost almost
+(``tests/helpers/fake_cuda.py``): its allocator's boundary marks and history reads cost almost
 nothing, so what is measured is cudatimer's own Python per boundary and per event, on a tiny
 model (2 layers, width 64).
 
@@ -115,8 +115,9 @@ def _allocator(device: str) -> Callable[[int], None]:
             torch.empty(n, dtype=torch.uint8, device="cuda")  # freed at once: a temporary
 
         return alloc
-    from cudatimer.core import _device
     from tests.fake_cuda import FakeAllocator  # the smoke run's fake GPU is installed
+
+    from cudatimer.core import _device
 
     fake = _device.allocator()
     assert isinstance(fake, FakeAllocator)

@@ -643,6 +643,8 @@ def test_results_hold_one_dated_folder_per_run() -> None:
         assert files and files <= set(record["files"]), (
             f"{run.name}: {files - set(record['files'])}"
         )
+
+
 def test_memory_cost_runs_its_smoke_mode_on_the_cpu(tmp_path: Path) -> None:
     """memory_cost.py --smoke measures the readers, a region and the training step through the
     fake GPU's allocator, and writes the figures."""

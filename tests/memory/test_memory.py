@@ -27,7 +27,7 @@ from cudatimer.regions._timer import Region
 from cudatimer.render._export import save
 from cudatimer.render._html import render_html
 from cudatimer.render._report import render, render_compare, render_ranks
-from tests.fake_cuda import FakeAllocator, FakeGPU, install
+from tests.helpers.fake_cuda import FakeAllocator, FakeGPU, install
 
 MiB = 1 << 20
 FIELDS = (
