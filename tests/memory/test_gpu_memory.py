@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import sys
-from collections.abc import Callable
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from torch.utils.checkpoint import checkpoint
 
 import cudatimer
 from cudatimer import Timer
+from tests.hard_cases.test_gpu_core import count_runtime_calls
 
 pytestmark = pytest.mark.gpu
 
@@ -201,17 +201,6 @@ def test_out_of_memory_names_the_open_regions() -> None:
     assert "out-of-memory" in t.report(file=io.StringIO())
 
 
-def _count_runtime_calls(body: Callable[[], None]) -> dict[str, int]:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        body()
-    counts: dict[str, int] = {}
-    for e in prof.key_averages():
-        counts[e.key] = counts.get(e.key, 0) + e.count
-    return counts
-
-
 def test_memory_regions_add_no_synchronisation() -> None:
     """The same loop with memory=True regions (and a read of the history in the middle) makes
     as many synchronising runtime calls as without cudatimer."""
@@ -236,8 +225,8 @@ def test_memory_regions_add_no_synchronisation() -> None:
 
     plain(), measured()
     torch.cuda.synchronize()
-    base = _count_runtime_calls(plain)
-    with_memory = _count_runtime_calls(measured)
+    base = count_runtime_calls(plain)
+    with_memory = count_runtime_calls(measured)
     for name in SYNC_CALLS:
         assert with_memory.get(name, 0) == base.get(name, 0), (name, with_memory, base)
     assert t.summary()["layer0"].values["mem_delta"].count == 100
