@@ -42,6 +42,9 @@ import torch
 from _measure import SeparateProcess, WorkloadRun, error_text
 from _timers import BY_KEY, TIMERS, TimerAdapter, TimerSpec
 
+# torch.profiler's Kineto prints two "USDT:" lines a session (see run.py): keep them out.
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
 ROOT = Path(__file__).resolve().parent.parent
 CHECKS = ("syncs", "memory", "report", "accuracy", "resolution")
 _RECORD_NOTHING = ("cudatimer-nvtx", "cudatimer-off")  # by design: no samples to count
