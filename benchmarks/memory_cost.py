@@ -115,7 +115,7 @@ def _allocator(device: str) -> Callable[[int], None]:
             torch.empty(n, dtype=torch.uint8, device="cuda")  # freed at once: a temporary
 
         return alloc
-    from tests.fake_cuda import FakeAllocator  # the smoke run's fake GPU is installed
+    from tests.helpers.fake_cuda import FakeAllocator  # the smoke run's fake GPU is installed
 
     from cudatimer.core import _device
 
@@ -271,7 +271,7 @@ def main() -> None:
     results: dict[str, Any] = {"torch": torch.__version__, "device": args.device}
     with contextlib.ExitStack() as stack:
         if args.smoke:
-            from tests.fake_cuda import install
+            from tests.helpers.fake_cuda import install
 
             stack.enter_context(install())
         else:

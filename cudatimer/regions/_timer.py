@@ -421,6 +421,36 @@ def _disabled_note(enabled: bool) -> str | None:
     return None
 
 
+def _check_timer_args(
+    name: str,
+    domain: str,
+    mode: object,
+    clock: object,
+    enabled: object,
+    keep_steps: object,
+    trace_samples: object,
+) -> None:
+    """``Timer()``'s arguments, each refused with a TypeError or ValueError naming it."""
+    check_name(name, "name")
+    for arg, value, most in (
+        ("keep_steps", keep_steps, _KEEP_STEPS_MAX),
+        ("trace_samples", trace_samples, _TRACE_SAMPLES_MAX),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{arg} must be an int, got {type(value).__name__}")
+        if value < 0:
+            raise ValueError(f"{arg} must be >= 0, got {value}")
+        if value > most:
+            raise ValueError(f"{arg} must be at most {most:,}, got {value:,}")
+    check_name(domain, "domain")
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {', '.join(_MODES)}; got {mode!r}")
+    if clock not in _CLOCKS:
+        raise ValueError(f"clock must be one of {', '.join(_CLOCKS)}; got {clock!r}")
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+
+
 class Timer:
     """An independent registry of regions with its own NVTX domain and results.
 
@@ -446,24 +476,7 @@ class Timer:
         keep_steps: int = 1000,
         trace_samples: int = 4096,
     ) -> None:
-        check_name(name, "name")
-        for arg, value, most in (
-            ("keep_steps", keep_steps, _KEEP_STEPS_MAX),
-            ("trace_samples", trace_samples, _TRACE_SAMPLES_MAX),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{arg} must be an int, got {type(value).__name__}")
-            if value < 0:
-                raise ValueError(f"{arg} must be >= 0, got {value}")
-            if value > most:
-                raise ValueError(f"{arg} must be at most {most:,}, got {value:,}")
-        check_name(domain, "domain")
-        if mode not in _MODES:
-            raise ValueError(f"mode must be one of {', '.join(_MODES)}; got {mode!r}")
-        if clock not in _CLOCKS:
-            raise ValueError(f"clock must be one of {', '.join(_CLOCKS)}; got {clock!r}")
-        if not isinstance(enabled, bool):
-            raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+        _check_timer_args(name, domain, mode, clock, enabled, keep_steps, trace_samples)
         self.name = name
         # With CUDATIMER_DISABLE no NVTX call is made at all (not even creating the domain).
         self.domain = Domain(domain, enabled=not DISABLED_AT_IMPORT)

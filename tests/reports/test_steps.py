@@ -206,7 +206,9 @@ def test_every_output_takes_the_same_window_options(tmp_path: Path, verb: str) -
     timer.step()
     method = getattr(timer, verb)
     needs_path = verb in ("save", "export_trace", "to_csv", "plot", "html")
-    target: tuple[object, ...] = (tmp_path / f"out.{verb}",) if needs_path else ()
+    target: tuple[object, ...] = (
+        (tmp_path / ("out.png" if verb == "plot" else f"out.{verb}"),) if needs_path else ()
+    )
     if verb == "report":
         target, extra = (), {"file": io.StringIO()}
     else:

@@ -579,7 +579,7 @@ store_open_slots_m(StoreObj *s, PyObject *unused)
 }
 
 PyDoc_STRVAR(store_open_frames_doc,
-"open_frames() -> list[tuple[int, int, int, int, int]]\n\n"
+"open_frames($self, /)\n--\n\n"
 "Every frame open on a stack of this store now, as (stack, tid, slot, kind, t0_ns): stack\n"
 "numbers the stacks of this call, each stack's frames come outermost first, ORPHAN frames are\n"
 "left out. Changes nothing; any thread may call it (a live view reads other threads' stacks).");
