@@ -115,9 +115,8 @@ def _allocator(device: str) -> Callable[[int], None]:
             torch.empty(n, dtype=torch.uint8, device="cuda")  # freed at once: a temporary
 
         return alloc
-    from tests.helpers.fake_cuda import FakeAllocator  # the smoke run's fake GPU is installed
-
     from cudatimer.core import _device
+    from tests.helpers.fake_cuda import FakeAllocator  # the smoke run's fake GPU is installed
 
     fake = _device.allocator()
     assert isinstance(fake, FakeAllocator)
