@@ -449,6 +449,10 @@ def _pytest(project: Path, *args: str, slow: float = 1.0) -> subprocess.Complete
             sys.executable,
             "-m",
             "pytest",
+            # the plugin by its module, and never a second time through its entry point (found
+            # where the package's metadata is on the path: an egg-info beside the sources)
+            "-p",
+            "no:cudatimer",
             "-p",
             "cudatimer_pytest",
             "-p",
