@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -47,6 +48,10 @@ class FakeEvent:
         self.t_ms = self.gpu.busy.get(key, 0.0)
 
     def query(self) -> bool:
+        if self.gpu.query_cpu_s:  # a slow driver: this much CPU per query
+            end = time.thread_time() + self.gpu.query_cpu_s
+            while time.thread_time() < end:
+                pass
         if self.gpu.any_capturing():
             raise RuntimeError("operation not permitted when stream is capturing")
         return self.t_ms is None or self.t_ms <= self.gpu.done_ms.get(self.stream, math.inf)
@@ -77,6 +82,7 @@ class FakeGPU:
         self.capturing: dict[tuple[int, int, int], bool] = {}
         self.poisoned: set[int] = set()
         self.records = 0
+        self.query_cpu_s = 0.0  # CPU seconds each event query burns (0: free)
         self._next_id = 100
         # CUDA graphs (FakeGraph): the ops a graph capture on a stream took so far.
         self.graph_ops: dict[tuple[int, int, int], list[tuple[Any, ...]]] = {}
