@@ -38,6 +38,7 @@ import random
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -299,7 +300,10 @@ def report(result: dict[str, Any]) -> str:
         label = f"{key}: {result[key]['stat']}, {result[key]['base_runs']} base run(s)"
         lines.append(
             f"missed ({label}): "
-            + "; ".join(f"{v}: {', '.join(sorted(m))}" for v, m in missed.items())
+            + "; ".join(
+                f"{v}: " + ", ".join(f"{r} x{n}" for r, n in sorted(Counter(m).items()))
+                for v, m in missed.items()
+            )
             if missed
             else f"missed ({label}): none"
         )

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ._version import __version__ as __version__
 from .features import _exit
-from .records._compare import Comparison, RegionVerdict
+from .records._compare import Comparison, RegionVerdict, SpeedFactor
 from .records._hist import ALPHA, Histogram
 from .records._records import (
     SCHEMA_VERSION,
@@ -60,6 +60,7 @@ __all__ = [
     "Region",
     "RegionStats",
     "RegionVerdict",
+    "SpeedFactor",
     "StepFeed",
     "StepStats",
     "StepTimes",

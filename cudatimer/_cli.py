@@ -52,6 +52,8 @@ __all__ = ["EXIT_BROKEN_PIPE", "EXIT_SLOWER", "main"]
 EXIT_BROKEN_PIPE = 141
 #: Exit status of ``compare --max-slowdown`` when the gate fails (a region got slower).
 EXIT_SLOWER = 3
+#: Statistics ``compare`` and ``html`` take: the report's, and the gate's lower quantiles.
+_STATS = tuple(dict.fromkeys([*COMPARE_STATS, *GATE_STATS]))
 #: Options of ``compare`` that only the gate (``--max-slowdown``) reads.
 _GATE_ONLY = (
     "confidence",
@@ -113,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     compare.add_argument(
         "--stat",
-        choices=COMPARE_STATS,
+        choices=_STATS,
         default=None,
         help=f"default: mean; with --max-slowdown {DEFAULT_STAT} (one of {', '.join(GATE_STATS)})",
     )
@@ -184,7 +186,7 @@ def _parser() -> argparse.ArgumentParser:
     html.add_argument("--title", help="the page's title")
     html.add_argument(
         "--stat",
-        choices=COMPARE_STATS,
+        choices=_STATS,
         default=None,
         help=f"of the comparison (default: mean; with --max-slowdown {DEFAULT_STAT})",
     )

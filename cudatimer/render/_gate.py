@@ -23,8 +23,17 @@ The method (docs/gate.md says it for users):
   statistic, and the spread between the runs' own statistics beyond what their within-run
   spread explains is the between-run variance, added to both sides (a new run is one more
   draw from it); its degrees of freedom (runs - 1 on each side, pooled) turn the normal
-  quantile into Student's t (Welch-Satterthwaite). One run per side: none can be measured,
-  and the comparison says so in a note.
+  quantile into Student's t (Welch-Satterthwaite). One run per side: none can be measured;
+  ``between_run`` (BETWEEN_RUN per run) is assumed, and a note says so. Measured, it is never
+  read below that.
+- The run-wide speed factor (unless ``absolute``), per rank and clock with MIN_FACTOR_REGIONS
+  or more regions tested: each region's log ratio less the median log ratio of the others.
+  Its variance adds the median's (asymptotic: pi/2 / (m mean(1/s)^2)), the others' spread
+  around their median beyond their own variances (robust: the median of squares), and
+  (SENSITIVITY_SPREAD x log factor)^2 for the regions' unlike sensitivities to the machine's
+  speed. Pooled runs are first divided by their own factor (the median over regions of the
+  run's deviation from the side's mean) and their between-run variance is pooled over the
+  regions. What it cannot see: a slowdown of every region alike (``absolute`` gates that).
 - Many regions: every interval is taken at ``1 - (1 - confidence) / k`` for the k regions
   tested (Bonferroni), so all k hold together with probability ``confidence``; an unchanged
   program then reads "slower" anywhere with probability at most ``(1 - confidence) / 2``.
@@ -901,9 +910,9 @@ def compare_sides(
     )
     if single and tested:
         notes.append(
-            "one run on each side: the intervals cover the spread between steps (or calls) of "
-            "these runs, not a shift that holds for a whole run (another load, clocks); pool "
-            "several base runs (a folder, or several files) to measure the spread between runs"
+            "one run on each side: the spread between runs is assumed (between_run), not "
+            "measured; a shift of a whole run reads as a change unless divided out by the "
+            "speed factor; pool several base runs (a folder, or several files) to measure it"
         )
     return Comparison(
         items=tuple(items),

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -180,6 +181,39 @@ def test_a_region_that_does_not_follow_a_large_drift_is_not_called_slower() -> N
     v = verdict(cudatimer.compare(base, new, max_slowdown=0.05), "r0")
     assert v.ratio == pytest.approx(1.5, rel=0.03)
     assert v.verdict == "undecided" and v.reason == "too noisy"
+
+
+def test_html_shows_the_speed_factor_column() -> None:
+    """The page's gate table has the raw ratio and the one divided by the speed factor."""
+    base, new = machine(1), machine(2, speed=1.03)
+    table = _page_doc(render_html(new, base=base, max_slowdown=0.05))["compare"]
+    assert isinstance(table, dict)
+    titles = [c[1] for c in table["columns"]]
+    assert titles[4:6] == ["new/base", "vs speed"]
+    assert any("speed factor new/base (host): 1.03" in n for n in table["notes"])
+    raw = _page_doc(render_html(new, base=base, max_slowdown=0.05, absolute=True))["compare"]
+    assert isinstance(raw, dict) and "vs speed" not in [c[1] for c in raw["columns"]]
+
+
+def test_the_comparison_of_two_long_runs_of_many_regions_is_fast() -> None:
+    """Two 1,000-step runs of 200 regions compare (after loading) in under 2 s."""
+    rng = random.Random(0)
+
+    def long_run() -> Summary:
+        values = {
+            f"b{i // 10}/l{i % 10}": [rng.lognormvariate(0.0, 0.1) for _ in range(1000)]
+            for i in range(200)
+        }
+        return run(values)
+
+    base, new = long_run(), long_run()
+    best_s = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        c = cudatimer.compare(base, new, max_slowdown=0.05)
+        best_s = min(best_s, time.perf_counter() - t0)
+    assert c.tested == 200 and c.speed[0].used
+    assert best_s < 2.0
 
 
 def test_too_few_regions_for_a_speed_factor_keep_raw_ratios() -> None:
@@ -431,6 +465,15 @@ def files(tmp_path: Path) -> dict[str, str]:
     return out
 
 
+def test_lower_quantiles_gate_from_the_command_line(files: dict[str, str]) -> None:
+    """--stat p25 gates the first quartile; p10 of 50 steps has no interval (undecided)."""
+    gate = ["--max-slowdown", "0.05"]
+    assert main(["compare", files["base"], files["slow"], *gate, "--stat", "p25"]) == 3
+    c = cudatimer.compare(files["base"], files["slow"], stat="p10")
+    assert {v.verdict for v in c.items} == {"undecided"}
+    assert all(v.reason.startswith("too few samples for p10") for v in c.items)
+
+
 def test_exit_codes(files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     """0 when nothing is slower, 3 when something is; undecided and missing fail when asked."""
     gate = ["--max-slowdown", "0.05"]
@@ -487,6 +530,7 @@ def test_json_verdicts(files: dict[str, str], tmp_path: Path) -> None:
         (["--max-slowdown", "x"], "--max-slowdown"),
         (["--max-slowdown", "0.05", "--stat", "total"], "per_step"),
         (["--max-slowdown", "0.05", "--stat", "max"], "no confidence interval"),
+        (["--stat", "p25"], "stat must be one of"),
         (["--max-slowdown", "0.05", "--confidence", "1.5"], "confidence"),
         (["--max-slowdown", "0.05", "--min-ms", "-1"], "min_ms"),
         (["--max-slowdown", "0.05", "--fmt", "nope"], "fmt"),
