@@ -5,24 +5,28 @@ A/A (the same program twice), and the program with one region slowed by 10% and 
 slowed region rotates over the 8 regions from pair to pair). A pair "fails" when the gate
 would exit 3; a slowdown is "caught" when the slowed region is among the regressions. The same
 runs are also gated with the base pooled from 3 runs (the pair's own and the next two pairs'
-base runs: earlier runs of the main branch), which measures the spread between runs.
+base runs: earlier runs of the main branch), which measures the spread between runs. Each set
+is gated three ways: the default (p50, ratios divided by the run-wide speed factor), raw ratios
+(``absolute=True``), and p25 with the speed factor.
 
-- ``--device cpu`` (the default): host clock, 8 regions of about 5 ms of CPU work each (a
-  Python loop, a 256x256 matmul on one thread, SHA-256 of 1 MB, a sort, JSON, allocations,
-  a 4 ms sleep with a little work, a Python loop of lognormal length), 50 steps a run after 3
-  warm-up steps; the slowdown is that much more work in the region. Runs are forked from this
-  process (each its own process, without paying torch's import 160 times; ``--start spawn``
-  for fresh interpreters).
+- ``--device cpu`` (the default): host clock, 8 regions of 2-6 ms of CPU work each (a
+  Python loop, 100 128x128 matmuls on one thread, 96 SHA-256 of 64 KB, a sort, JSON,
+  allocations, a 4 ms sleep with a little work, a Python loop of lognormal length), 50 steps a
+  run after 3 warm-up steps; the slowdown is that much more work in the region (every region
+  repeats its unit of work >= 80 times, so 5% more is a whole number of units within 1%).
+  Runs are forked from this process (each its own process, without paying torch's import
+  160 times; ``--start spawn`` for fresh interpreters).
 - ``--device cuda``: 8 GPU regions of 20 bf16 4096^3 matmuls each (about 3.4 ms on an
   H200), 50 steps; the slowdown is 2 extra matmuls (10%) or 1 (5%). Runs are forked before
-  this process touches CUDA, so each child initialises CUDA itself.
+  this process touches CUDA, so each child initialises CUDA itself. 6 pairs by default (about
+  90 s on an H200); the report says what 40 would take (``--pairs 40``).
 - The comparison alone (after loading) of two 1,000-step runs of 200 regions, best of 3.
 
 Targets (40 pairs): at most 2 A/A false alarms; 10% caught in >= 38; 5% caught in >= 32; the
 comparison under 2 s.
 
-    python benchmarks/gate.py --out gate_cpu.json                # CPU, ~8 min on 2 cores
-    python benchmarks/gate.py --device cuda --out gate_gpu.json
+    python benchmarks/gate.py --out gate_cpu.json                # CPU, ~10 min on 2 cores
+    python benchmarks/gate.py --device cuda --out gate_gpu.json  # 6 pairs
     python benchmarks/gate.py --smoke                            # seconds: 2 tiny pairs
 """
 
