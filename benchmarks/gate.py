@@ -5,24 +5,28 @@ A/A (the same program twice), and the program with one region slowed by 10% and 
 slowed region rotates over the 8 regions from pair to pair). A pair "fails" when the gate
 would exit 3; a slowdown is "caught" when the slowed region is among the regressions. The same
 runs are also gated with the base pooled from 3 runs (the pair's own and the next two pairs'
-base runs: earlier runs of the main branch), which measures the spread between runs.
+base runs: earlier runs of the main branch), which measures the spread between runs. Each set
+is gated three ways: the default (p50, ratios divided by the run-wide speed factor), raw ratios
+(``absolute=True``), and p25 with the speed factor.
 
-- ``--device cpu`` (the default): host clock, 8 regions of about 5 ms of CPU work each (a
-  Python loop, a 256x256 matmul on one thread, SHA-256 of 1 MB, a sort, JSON, allocations,
-  a 4 ms sleep with a little work, a Python loop of lognormal length), 50 steps a run after 3
-  warm-up steps; the slowdown is that much more work in the region. Runs are forked from this
-  process (each its own process, without paying torch's import 160 times; ``--start spawn``
-  for fresh interpreters).
+- ``--device cpu`` (the default): host clock, 8 regions of 2-6 ms of CPU work each (a
+  Python loop, 100 128x128 matmuls on one thread, 96 SHA-256 of 64 KB, a sort, JSON,
+  allocations, a 4 ms sleep with a little work, a Python loop of lognormal length), 50 steps a
+  run after 3 warm-up steps; the slowdown is that much more work in the region (every region
+  repeats its unit of work >= 80 times, so 5% more is a whole number of units within 1%).
+  Runs are forked from this process (each its own process, without paying torch's import
+  160 times; ``--start spawn`` for fresh interpreters).
 - ``--device cuda``: 8 GPU regions of 20 bf16 4096^3 matmuls each (about 3.4 ms on an
   H200), 50 steps; the slowdown is 2 extra matmuls (10%) or 1 (5%). Runs are forked before
-  this process touches CUDA, so each child initialises CUDA itself.
+  this process touches CUDA, so each child initialises CUDA itself. 6 pairs by default (about
+  90 s on an H200); the report says what 40 would take (``--pairs 40``).
 - The comparison alone (after loading) of two 1,000-step runs of 200 regions, best of 3.
 
 Targets (40 pairs): at most 2 A/A false alarms; 10% caught in >= 38; 5% caught in >= 32; the
 comparison under 2 s.
 
-    python benchmarks/gate.py --out gate_cpu.json                # CPU, ~8 min on 2 cores
-    python benchmarks/gate.py --device cuda --out gate_gpu.json
+    python benchmarks/gate.py --out gate_cpu.json                # CPU, ~10 min on 2 cores
+    python benchmarks/gate.py --device cuda --out gate_gpu.json  # 6 pairs
     python benchmarks/gate.py --smoke                            # seconds: 2 tiny pairs
 """
 
@@ -38,6 +42,7 @@ import random
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -59,22 +64,24 @@ def _py_loop(n: int) -> None:
         s += i * i
 
 
-_BUF = os.urandom(1 << 20)
-_DOC = {f"k{i}": [i, str(i), {"x": i * 0.5}] for i in range(200)}
+# Each region repeats a small unit of work often enough (>= 80 times) that 5% more of it is a
+# whole number of units within 1%: round(10 x 1.05) would be 10, no slowdown at all.
+_BUF = os.urandom(1 << 16)
+_DOC = {f"k{i}": [i, str(i), {"x": i * 0.5}] for i in range(20)}
 
 
 def _cpu_regions() -> list[tuple[str, Callable[[float], None]]]:
     import torch
 
-    a = torch.randn(256, 256)
+    a = torch.randn(128, 128)
     rng = random.Random()
 
     def matmul(k: float) -> None:
-        for _ in range(round(10 * k)):
+        for _ in range(round(100 * k)):
             a @ a
 
     def sha(k: float) -> None:
-        for _ in range(round(6 * k)):
+        for _ in range(round(96 * k)):
             hashlib.sha256(_BUF).digest()
 
     def sort(k: float) -> None:
@@ -82,7 +89,7 @@ def _cpu_regions() -> list[tuple[str, Callable[[float], None]]]:
         sorted(r.random() for _ in range(round(13000 * k)))
 
     def json_(k: float) -> None:
-        for _ in range(round(15 * k)):
+        for _ in range(round(150 * k)):
             json.loads(json.dumps(_DOC))
 
     def alloc(k: float) -> None:
@@ -159,6 +166,12 @@ def _one_run(ctx: Any, kind: str, args: tuple[Any, ...]) -> None:
 
 # -- the experiment ------------------------------------------------------------------------------
 VARIANTS = ("aa", "slow10", "slow5")
+#: The gatings of the same runs: the default (p50 of per-step sums, ratios divided by the
+#: run-wide speed factor), raw ratios, and the first quartile (robust to steps slowed by
+#: other processes, which only ever add time).
+GATINGS = (("", "p50", False), ("_absolute", "p50", True), ("_p25", "p25", False))
+#: The rows of the report, in order.
+ROWS = tuple(f"{key}{suffix}" for suffix, *_ in GATINGS for key in ("single", "pooled"))
 
 
 def collect(args: argparse.Namespace, folder: Path) -> list[dict[str, str]]:
@@ -196,17 +209,21 @@ def collect(args: argparse.Namespace, folder: Path) -> list[dict[str, str]]:
     return pairs
 
 
-def gate_pairs(pairs: list[dict[str, str]], pooled: int) -> dict[str, Any]:
+def gate_pairs(
+    pairs: list[dict[str, str]], pooled: int, stat: str = "p50", absolute: bool = False
+) -> dict[str, Any]:
     """Gate every pair (with ``pooled`` base runs) and count fails and catches."""
     runs = {p: cudatimer.load(p) for pair in pairs for k, p in pair.items() if k != "slowed"}
     n = len(pairs)
-    out: dict[str, Any] = {"pairs": n, "base_runs": pooled}
+    out: dict[str, Any] = {"pairs": n, "base_runs": pooled, "stat": stat, "absolute": absolute}
     for variant in VARIANTS:
         fails = caught = undecided = 0
         details = []
         for i, pair in enumerate(pairs):
             base = [runs[pairs[(i + j) % n]["base"]] for j in range(pooled)]
-            result = cudatimer.compare(base, runs[pair[variant]], max_slowdown=0.05)
+            result = cudatimer.compare(
+                base, runs[pair[variant]], max_slowdown=0.05, stat=stat, absolute=absolute
+            )
             slowed = [v.name for v in result.regressions]
             target = runs[pair["base"]].regions[int(pair["slowed"])].name
             fails += not result.ok
@@ -217,6 +234,7 @@ def gate_pairs(pairs: list[dict[str, str]], pooled: int) -> dict[str, Any]:
                     "slowed_region": None if variant == "aa" else target,
                     "regressions": slowed,
                     "undecided": [v.name for v in result.undecided],
+                    "speed": [f.factor for f in result.speed],
                     "ratios": {
                         v.name: v.ratio if v.ratio is not None and math.isfinite(v.ratio) else None
                         for v in result.items
@@ -265,17 +283,41 @@ def report(result: dict[str, Any]) -> str:
     lines = [
         f"device: {result['device']} ({result['device_name']}), {result['steps']} steps a run, "
         f"load average before/after: {result['load_before']} / {result['load_after']}",
-        "| base runs | A/A pairs failing | 10% caught | 5% caught | 10% pairs failing | "
+        "| gate | base runs | A/A pairs failing | 10% caught | 5% caught | 10% pairs failing | "
         "5% pairs failing |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for key in ("single", "pooled"):
+    for key in ROWS:
         g = result[key]
         n = g["pairs"]
+        how = f"{g['stat']}" + (" absolute" if g["absolute"] else "")
         lines.append(
-            f"| {g['base_runs']} | {g['aa']['fails']}/{n} | {g['slow10']['caught']}/{n} | "
+            f"| {how} | {g['base_runs']} | {g['aa']['fails']}/{n} | {g['slow10']['caught']}/{n} | "
             f"{g['slow5']['caught']}/{n} | {g['slow10']['fails']}/{n} | {g['slow5']['fails']}/{n} |"
         )
+    for key in ROWS:
+        missed = {}
+        for variant in ("slow10", "slow5"):
+            for d in result[key][variant]["details"]:
+                if d["slowed_region"] not in d["regressions"]:
+                    missed.setdefault(variant, []).append(d["slowed_region"])
+        label = f"{key}: {result[key]['stat']}, {result[key]['base_runs']} base run(s)"
+        lines.append(
+            f"missed ({label}): "
+            + "; ".join(
+                f"{v}: " + ", ".join(f"{r} x{n}" for r, n in sorted(Counter(m).items()))
+                for v, m in missed.items()
+            )
+            if missed
+            else f"missed ({label}): none"
+        )
+    factors = [f for d in result["single"]["aa"]["details"] for f in d["speed"]]
+    if factors:
+        lines.append(f"A/A speed factors (one base run): {min(factors):.3f} - {max(factors):.3f}")
+    lines.append(
+        f"runs: {result['runs_s']:.0f} s for {result['pairs']} pairs "
+        f"({result['runs_s_for_40_pairs']:.0f} s for 40)"
+    )
     s = result["speed"]
     lines.append(
         f"comparison of two {s['steps']}-step runs of {s['regions']} regions: "
@@ -298,7 +340,13 @@ def report(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--pairs", type=int, default=40)
+    p.add_argument(
+        "--pairs",
+        type=int,
+        default=None,
+        help="pairs of runs (default 40 on the CPU; 6 on CUDA, ~1.5 min on an H200: the report "
+        "says what 40 would take)",
+    )
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--scale", type=float, default=1.0, help="CPU work per region (1: ~5 ms)")
@@ -317,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep-runs", type=Path, help="keep the runs' JSON files in this folder")
     p.add_argument("--smoke", action="store_true", help="2 pairs of 8 tiny steps: seconds")
     args = p.parse_args(argv)
+    if args.pairs is None:
+        args.pairs = 40 if args.device == "cpu" else 6
     if args.smoke:
         args.pairs, args.steps, args.warmup, args.scale, args.size = 2, 8, 1, 0.05, 256
         args.speed_steps, args.speed_regions = 20, 10
@@ -331,18 +381,22 @@ def main(argv: list[str] | None = None) -> int:
         pairs = collect(args, folder)
         runs_s = time.perf_counter() - t0
         device_name = dict(cudatimer.load(pairs[0]["base"]).meta).get("device", device_name)
-        single = gate_pairs(pairs, 1)
-        pooled = gate_pairs(pairs, min(POOL, len(pairs)))
+        pool = min(POOL, len(pairs))
+        gated = {
+            f"{key}{suffix}": gate_pairs(pairs, runs, stat=stat, absolute=absolute)
+            for key, runs in (("single", 1), ("pooled", pool))
+            for suffix, stat, absolute in GATINGS
+        }
     result = {
         "device": args.device,
         "device_name": device_name,
         "steps": args.steps,
         "pairs": args.pairs,
         "runs_s": runs_s,
+        "runs_s_for_40_pairs": runs_s / args.pairs * 40,
         "load_before": load_before,
         "load_after": ", ".join(f"{x:.2f}" for x in os.getloadavg()),
-        "single": single,
-        "pooled": pooled,
+        **gated,
         "speed": compare_speed(args.speed_regions, args.speed_steps, 3),
         "targets": TARGETS,
     }

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ._version import __version__ as __version__
 from .features import _exit
-from .records._compare import Comparison, RegionVerdict
+from .records._compare import Comparison, RegionVerdict, SpeedFactor
 from .records._hist import ALPHA, Histogram
 from .records._records import (
     SCHEMA_VERSION,
@@ -60,6 +60,7 @@ __all__ = [
     "Region",
     "RegionStats",
     "RegionVerdict",
+    "SpeedFactor",
     "StepFeed",
     "StepStats",
     "StepTimes",
@@ -379,6 +380,8 @@ def compare(
     fail_missing: bool = False,
     allow_other_device: bool = False,
     labels: tuple[str, str] = ("base", "new"),
+    absolute: bool = False,
+    between_run: float | None = None,
 ) -> Comparison:
     """The performance gate: per-region verdicts of ``new`` against ``base`` (docs/gate.md).
 
@@ -387,7 +390,11 @@ def compare(
     compare rank by rank. A region is "slower" when ``new / base`` of its ``stat`` (p50, p90,
     p99, mean or per_step) is significantly above 1 and its interval reaches past
     ``1 + max_slowdown``; intervals hold at ``confidence`` for all regions together. Runs of
-    different devices are refused unless ``allow_other_device``.
+    different devices are refused unless ``allow_other_device``. Each region's ratio is
+    divided by the run-wide speed factor (the median ratio of the other regions of its rank
+    and clock, where 4 or more are tested), so that the whole machine running slower is no
+    regression; ``absolute=True`` gates raw ratios. ``between_run``: the spread between runs
+    assumed with one run on each side (default 0.005).
 
     >>> import cudatimer
     >>> def run(ms):
@@ -411,6 +418,8 @@ def compare(
         fail_missing=fail_missing,
         allow_other_device=allow_other_device,
         labels=labels,
+        absolute=absolute,
+        between_run=between_run,
     )
 
 

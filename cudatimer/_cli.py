@@ -52,8 +52,19 @@ __all__ = ["EXIT_BROKEN_PIPE", "EXIT_SLOWER", "main"]
 EXIT_BROKEN_PIPE = 141
 #: Exit status of ``compare --max-slowdown`` when the gate fails (a region got slower).
 EXIT_SLOWER = 3
+#: Statistics ``compare`` and ``html`` take: the report's, and the gate's lower quantiles.
+_STATS = tuple(dict.fromkeys([*COMPARE_STATS, *GATE_STATS]))
 #: Options of ``compare`` that only the gate (``--max-slowdown``) reads.
-_GATE_ONLY = ("confidence", "fail_undecided", "fail_missing", "match", "min_ms", "json")
+_GATE_ONLY = (
+    "confidence",
+    "fail_undecided",
+    "fail_missing",
+    "match",
+    "min_ms",
+    "json",
+    "absolute",
+    "between_run",
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -104,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     compare.add_argument(
         "--stat",
-        choices=COMPARE_STATS,
+        choices=_STATS,
         default=None,
         help=f"default: mean; with --max-slowdown {DEFAULT_STAT} (one of {', '.join(GATE_STATS)})",
     )
@@ -135,6 +146,19 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compare runs of different devices (refused otherwise)",
     )
+    gate.add_argument(
+        "--absolute",
+        action="store_true",
+        help="gate raw ratios (default: each divided by the run-wide speed factor, the median "
+        "ratio of the other regions)",
+    )
+    gate.add_argument(
+        "--between-run",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="spread between runs of a region assumed with one base run (default 0.005)",
+    )
     gate.add_argument("--json", metavar="PATH", help="write the verdicts as JSON too")
 
     trace = sub.add_parser("trace", help="write a Chrome/Perfetto trace of a saved run")
@@ -162,7 +186,7 @@ def _parser() -> argparse.ArgumentParser:
     html.add_argument("--title", help="the page's title")
     html.add_argument(
         "--stat",
-        choices=COMPARE_STATS,
+        choices=_STATS,
         default=None,
         help=f"of the comparison (default: mean; with --max-slowdown {DEFAULT_STAT})",
     )
@@ -177,6 +201,9 @@ def _parser() -> argparse.ArgumentParser:
         help="show the gate's verdicts of `compare --max-slowdown` (0.05 = 5%%)",
     )
     html.add_argument("--confidence", type=float, default=0.95, help="of the gate (0.95)")
+    html.add_argument(
+        "--absolute", action="store_true", help="the gate on raw ratios (see compare --absolute)"
+    )
     html.add_argument(
         "--allow-other-device", action="store_true", help="gate runs of different devices"
     )
@@ -361,6 +388,7 @@ def _check_compare(args: argparse.Namespace, empty: Summary) -> None:
         confidence=0.95 if args.confidence is None else args.confidence,
         match=args.match,
         min_ms=args.min_ms or 0.0,
+        between_run=args.between_run,
     )
     render_gate(comparison, fmt=args.fmt)
 
@@ -379,6 +407,8 @@ def _gate(args: argparse.Namespace) -> tuple[str, int]:
         fail_undecided=args.fail_undecided,
         fail_missing=args.fail_missing,
         allow_other_device=args.allow_other_device,
+        absolute=args.absolute,
+        between_run=args.between_run,
     )
     if args.json:
         write_json(comparison, args.json)
@@ -513,6 +543,7 @@ def _html(args: argparse.Namespace) -> str:
         stat=args.stat,
         tolerance=args.tolerance,
         allow_other_device=args.allow_other_device,
+        absolute=args.absolute,
         **gate,
         **options,
     )

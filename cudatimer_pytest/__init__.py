@@ -60,6 +60,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type="bool",
         default=False,
     )
+    parser.addini(
+        "cudatimer_absolute",
+        "cudatimer_gate: gate raw ratios, not ratios divided by the run-wide speed factor",
+        type="bool",
+        default=False,
+    )
 
 
 def _part(text: str) -> str:
@@ -77,7 +83,7 @@ def _ini_float(config: pytest.Config, name: str) -> float:
 class Gate:
     """What ``cudatimer_gate`` gives a test: ``region(name)`` (a region of its own Timer),
     ``step()``, and the gate's options (``max_slowdown``, ``stat``, ``confidence``,
-    ``fail_undecided``), which a test may change before it ends."""
+    ``fail_undecided``, ``absolute``), which a test may change before it ends."""
 
     def __init__(self, node_id: str, config: pytest.Config) -> None:
         self.node_id = node_id
@@ -86,6 +92,7 @@ class Gate:
         self.max_slowdown = _ini_float(config, "cudatimer_max_slowdown")
         self.confidence = _ini_float(config, "cudatimer_confidence")
         self.fail_undecided = bool(config.getini("cudatimer_fail_undecided"))
+        self.absolute = bool(config.getini("cudatimer_absolute"))
         self.stat = "p50"
         self._config = config
         self._timer: Any = None
@@ -132,6 +139,7 @@ class Gate:
             stat=self.stat,
             confidence=self.confidence,
             fail_undecided=self.fail_undecided,
+            absolute=self.absolute,
         )
         if result.ok:
             return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["VERDICTS", "Comparison", "RegionVerdict"]
+__all__ = ["VERDICTS", "Comparison", "RegionVerdict", "SpeedFactor"]
 
 #: Every verdict a region can get. "only in base" / "only in new" use the comparison's labels.
 VERDICTS = ("slower", "faster", "same", "undecided", "only in base", "only in new")
@@ -23,7 +23,10 @@ class RegionVerdict:
 
     ``base_ms`` and ``new_ms`` are the gated statistic in each run (NaN where the region did
     not run); ``ratio`` is new / base and ``low``-``high`` its confidence interval (None
-    where there is no test). ``samples`` says what the statistic was taken over: "steps"
+    where there is no test). Unless the comparison is absolute, ``ratio`` is normalised: the
+    raw ratio ``new_ms / base_ms`` divided by ``factor``, the median raw ratio of the other
+    regions of its rank and clock (the run-wide speed factor); ``raw_ratio`` undoes it.
+    ``samples`` says what the statistic was taken over: "steps"
     (per-step sums) or "calls" (per-call durations); ``base_n``/``new_n`` count them and
     ``base_runs``/``new_runs`` the runs pooled on each side. ``reason`` says why a region is
     undecided (too few samples, too noisy).
@@ -44,6 +47,12 @@ class RegionVerdict:
     new_runs: int = 1
     rank: int | None = None
     reason: str = ""
+    factor: float = 1.0
+
+    @property
+    def raw_ratio(self) -> float | None:
+        """new / base before the speed factor was divided out (``ratio`` when absolute)."""
+        return None if self.ratio is None else self.ratio * self.factor
 
     @property
     def base(self) -> float:
@@ -74,6 +83,23 @@ class RegionVerdict:
 
 
 @dataclass(frozen=True)
+class SpeedFactor:
+    """How much faster or slower the whole new run ran than the base, for one rank and clock:
+    ``factor`` is the median of the raw ratios new / base of the ``regions`` regions tested
+    there (1.05: the new run 5% slower everywhere). ``used`` is False where too few regions
+    were tested to normalise by it, or the comparison is absolute (their ratios are then raw).
+    ``between_run``: the spread between runs of one region (relative, per run) assumed there
+    where one run per side cannot measure it."""
+
+    rank: int | None
+    clock: str
+    factor: float
+    regions: int
+    used: bool = True
+    between_run: float = 0.0
+
+
+@dataclass(frozen=True)
 class Comparison:
     """Per-region verdicts of a new run against a base run (``cudatimer.compare``).
 
@@ -82,6 +108,11 @@ class Comparison:
     the chance that any region of an unchanged program reads "slower" is at most
     ``(1 - confidence) / 2``. A region is "slower" when its whole interval lies above 1 and
     reaches past ``1 + max_slowdown``; see docs/gate.md for the rest.
+
+    Unless ``absolute``, each region's ratio is divided by a run-wide speed factor (``speed``:
+    one per rank and clock), so that the whole machine running faster or slower between the
+    runs is no regression. ``between_run`` is the relative spread between runs of one region
+    assumed where it cannot be measured (one run on each side).
 
     ``ok`` is False when some region is slower, or undecided with ``fail_undecided``, or in
     one run only with ``fail_missing``.
@@ -98,6 +129,9 @@ class Comparison:
     labels: tuple[str, str] = ("base", "new")
     notes: tuple[str, ...] = ()
     ignored: int = 0  # regions left out by match / min_ms
+    absolute: bool = False
+    speed: tuple[SpeedFactor, ...] = ()
+    between_run: float = 0.0
 
     def _with(self, *verdicts: str) -> tuple[RegionVerdict, ...]:
         return tuple(v for v in self.items if v.verdict in verdicts)

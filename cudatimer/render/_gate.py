@@ -23,8 +23,17 @@ The method (docs/gate.md says it for users):
   statistic, and the spread between the runs' own statistics beyond what their within-run
   spread explains is the between-run variance, added to both sides (a new run is one more
   draw from it); its degrees of freedom (runs - 1 on each side, pooled) turn the normal
-  quantile into Student's t (Welch-Satterthwaite). One run per side: none can be measured,
-  and the comparison says so in a note.
+  quantile into Student's t (Welch-Satterthwaite). One run per side: none can be measured;
+  ``between_run`` (BETWEEN_RUN per run) is assumed, and a note says so. Measured, it is never
+  read below that.
+- The run-wide speed factor (unless ``absolute``), per rank and clock with MIN_FACTOR_REGIONS
+  or more regions tested: each region's log ratio less the median log ratio of the others.
+  Its variance adds the median's (asymptotic: pi/2 / (m mean(1/s)^2)), the others' spread
+  around their median beyond their own variances (robust: the median of squares), and
+  (SENSITIVITY_SPREAD x log factor)^2 for the regions' unlike sensitivities to the machine's
+  speed. Pooled runs are first divided by their own factor (the median over regions of the
+  run's deviation from the side's mean) and their between-run variance is pooled over the
+  regions. What it cannot see: a slowdown of every region alike (``absolute`` gates that).
 - Many regions: every interval is taken at ``1 - (1 - confidence) / k`` for the k regions
   tested (Bonferroni), so all k hold together with probability ``confidence``; an unchanged
   program then reads "slower" anywhere with probability at most ``(1 - confidence) / 2``.
@@ -44,9 +53,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any
+from typing import Any, cast
 
-from ..records._compare import Comparison, RegionVerdict
+from ..records._compare import Comparison, RegionVerdict, SpeedFactor
 from ..records._hist import ALPHA, GAMMA, Histogram
 from ..records._records import Summary
 from ._export import load
@@ -69,7 +78,7 @@ __all__ = [
 ]
 
 #: Statistics the gate can test (each has a confidence interval and is per step or per call).
-GATE_STATS = ("p50", "mean", "per_step", "p90", "p99")
+GATE_STATS = ("p50", "mean", "per_step", "p25", "p10", "p90", "p99")
 #: The median: a few steps preempted by another process move a mean, not a median.
 DEFAULT_STAT = "p50"
 #: Fewer samples than this on a side: undecided (too few samples). At 5 samples the median's
@@ -81,6 +90,23 @@ BATCHES = 10
 #: Per-run relative standard error never read below 0.1%: identical per-step sums (a clock's
 #: resolution: 1 us of host clock on a 1 ms region) would otherwise make any change certain.
 SE_FLOOR = 1e-3
+#: Regions of one rank and clock tested before their ratios are divided by the run-wide speed
+#: factor: 4 give each region the median of 3 others, which one slowed region cannot carry.
+MIN_FACTOR_REGIONS = 4
+#: The relative spread between runs of one region's statistic (a standard deviation per run)
+#: assumed where it cannot be measured, i.e. one run on each side; pooled runs measure it and
+#: it is never read below this. With the speed factor divided out, A/A pairs of quiet runs of
+#: benchmarks/gate.py left about 0.5% per run unexplained by the steps' own spread. Raw ratios
+#: also carry the whole machine's drift (2-4% between quiet runs there, far more under load):
+#: that needs pooled base runs, or a larger between_run.
+BETWEEN_RUN = 0.005
+#: How unlike each other regions follow the whole machine's speed: the standard deviation of
+#: their sensitivities (the slope of a region's log time on the run's log speed factor). On a
+#: shared 2-core CPU the 8 regions of benchmarks/gate.py had slopes from 0.04 (a 4 ms sleep)
+#: to 1.3 (JSON), spread 0.4; so a factor of 1.5 leaves each region +-16% (1 sd) unexplained.
+SENSITIVITY_SPREAD = 0.4
+#: The median of chi-square with 1 degree of freedom.
+_CHI2_1_MEDIAN = 0.45493642311957283
 #: The normal quantile at which a quantile's order-statistic spread is read (95% two-sided).
 _Z0 = NormalDist().inv_cdf(0.975)
 #: Per-rank files of a folder: ``rank3.json`` (what ``save(f"timings/rank{rank}.json")`` and
@@ -111,8 +137,20 @@ def check_options(
     min_ms: object = 0.0,
     match: object = None,
     labels: object = ("base", "new"),
+    between_run: object = None,
 ) -> None:
     """Refuse a gate option that cannot be used, with a TypeError/ValueError naming it."""
+    if between_run is not None:
+        if isinstance(between_run, bool) or not isinstance(between_run, (int, float)):
+            raise TypeError(
+                "between_run must be a number (0.01 = 1% spread between runs) or None, got "
+                f"{type(between_run).__name__}"
+            )
+        if not (0.0 <= float(between_run) < 1.0):
+            raise ValueError(
+                "between_run must be >= 0 and < 1 (0.01 = 1% spread between runs), got "
+                f"{between_run!r}"
+            )
     if stat not in GATE_STATS:
         why = {
             "total": "total grows with the run's length; per_step compares runs of any length",
@@ -196,9 +234,10 @@ class _Samples:
 
     steps: tuple[float, ...]
     calls: Histogram
+    run: int = 0  # which run of its side
 
 
-def _run_samples(summary: Summary) -> dict[tuple[str, str], _Samples]:
+def _run_samples(summary: Summary, run: int = 0) -> dict[tuple[str, str], _Samples]:
     # A whole-run summary's step ``steps`` is the one in progress when it was taken.
     limit = math.inf if "window" in dict(summary.meta) else summary.steps
     steps: dict[tuple[str, str], list[float]] = {}
@@ -210,7 +249,7 @@ def _run_samples(summary: Summary) -> dict[tuple[str, str], _Samples]:
     out = {}
     for r in summary.regions:
         hist = r.gpu if r.gpu is not None and r.gpu.count else r.cpu
-        out[(r.name, r.clock)] = _Samples(tuple(steps.get((r.name, r.clock), ())), hist)
+        out[(r.name, r.clock)] = _Samples(tuple(steps.get((r.name, r.clock), ())), hist, run)
     return out
 
 
@@ -403,15 +442,14 @@ class _Test:
     new: _Estimate
     base_var: float  # within-run variance of log(base statistic), runs pooled
     new_var: float
-    between_ss: float  # squared deviations of the runs' own log statistics around their side's
-    between_df: int
-    within_mean: float  # mean within-run variance of those per-run statistics
+    base_runs: tuple[tuple[int, _Estimate], ...]  # each run's own statistic (pooled sides)
+    new_runs: tuple[tuple[int, _Estimate], ...]
     weight_sq: float  # sum over both sides of (run share of the side's samples)^2
 
 
 def _pooled(
     parts: Sequence[_Samples], kind: str, stat: str
-) -> tuple[_Estimate, float, list[_Estimate]] | None:
+) -> tuple[_Estimate, float, list[tuple[int, _Estimate]]] | None:
     """The pooled statistic of one side, its within-run variance, and each run's estimate."""
     if kind == "steps":
         runs = [_from_steps(p.steps, stat) for p in parts]
@@ -426,8 +464,8 @@ def _pooled(
     total = sum(r.n for r in runs if r is not None)
     if len(parts) == 1 or any(r is None for r in runs) or total == 0:
         return pooled, pooled.log_var, []
-    kept = [r for r in runs if r is not None]
-    within = math.fsum((r.n / total) ** 2 * r.log_var for r in kept)
+    kept = [(p.run, r) for p, r in zip(parts, runs, strict=True) if r is not None]
+    within = math.fsum((r.n / total) ** 2 * r.log_var for _, r in kept)
     return pooled, within, kept
 
 
@@ -435,17 +473,20 @@ def _log(value: float) -> float:
     return math.log(value) if value > 0.0 else math.nan
 
 
-def _between(runs: Sequence[_Estimate]) -> tuple[float, int, float]:
-    """(squared deviations of the runs' log statistics, their degrees of freedom, the mean
+def _between(
+    runs: Sequence[tuple[int, _Estimate]], offsets: Mapping[int, float]
+) -> tuple[float, int, float]:
+    """(squared deviations of the runs' log statistics, each less its run's ``offsets`` (the
+    log speed factor of that run against its side), their degrees of freedom, the mean
     within-run variance) of one side; zeros for one run."""
     if len(runs) < 2:
         return 0.0, 0, 0.0
-    logs = [_log(r.value_ms) for r in runs]
-    if any(math.isnan(x) for x in logs) or any(math.isinf(r.log_var) for r in runs):
+    logs = [_log(r.value_ms) - offsets.get(j, 0.0) for j, r in runs]
+    if any(math.isnan(x) for x in logs) or any(math.isinf(r.log_var) for _, r in runs):
         return 0.0, 0, 0.0
     centre = math.fsum(logs) / len(logs)
     ss = math.fsum((x - centre) ** 2 for x in logs)
-    return ss, len(runs) - 1, math.fsum(r.log_var for r in runs) / len(runs)
+    return ss, len(runs) - 1, math.fsum(r.log_var for _, r in runs) / len(runs)
 
 
 def _weights_sq(parts: Sequence[_Samples], kind: str) -> float:
@@ -499,38 +540,132 @@ def _test(base: Sequence[_Samples], new: Sequence[_Samples], stat: str, kind: st
             f"too few samples ({counts[0]} and {counts[1]} {kind}; at least {MIN_SAMPLES} "
             "on each side)"
         )
-    ss_b, df_b, within_b = _between(b[2])
-    ss_n, df_n, within_n = _between(n[2])
-    df = df_b + df_n
     return _Test(
         samples=kind,
         base=b[0],
         new=n[0],
         base_var=b[1],
         new_var=n[1],
-        between_ss=ss_b + ss_n,
-        between_df=df,
-        within_mean=(within_b * df_b + within_n * df_n) / df if df else 0.0,
+        base_runs=tuple(b[2]),
+        new_runs=tuple(n[2]),
         weight_sq=_weights_sq(base, kind) + _weights_sq(new, kind),
     )
 
 
-def _interval(t: _Test, alpha: float) -> tuple[float, float, float]:
-    """(ratio, low, high) of new / base at two-sided level 1 - alpha."""
+@dataclass(frozen=True)
+class _LogRatio:
+    """log(new / base) of one region and its variance, before or after the speed factor."""
+
+    shift: float
+    var: float  # the whole variance
+    extra: float  # its between-run part, whose degrees of freedom are few
+    df: float  # degrees of freedom of ``extra`` (inf: assumed, not measured)
+    measured: bool  # ``extra`` was measured from pooled runs (else the assumed spread)
+
+
+def _between_parts(
+    t: _Test, base_offsets: Mapping[int, float], new_offsets: Mapping[int, float]
+) -> tuple[float, int, float]:
+    """(squared deviations, degrees of freedom, df x mean within-run variance) of the runs'
+    own statistics, both sides together."""
+    ss_b, df_b, within_b = _between(t.base_runs, base_offsets)
+    ss_n, df_n, within_n = _between(t.new_runs, new_offsets)
+    return ss_b + ss_n, df_b + df_n, within_b * df_b + within_n * df_n
+
+
+def _log_ratio(
+    t: _Test,
+    between_run: float,
+    base_offsets: Mapping[int, float],
+    new_offsets: Mapping[int, float],
+    common: tuple[float, int] | None = None,
+) -> _LogRatio:
+    """The raw log ratio of a test, its within-run variance, and the between-run variance:
+    measured where a side pooled runs (their statistics less each run's speed factor, given as
+    ``*_offsets``; ``common``: (variance, df) measured over all regions of the group instead),
+    never read below ``between_run`` (a relative spread per run)."""
     shift = _log(t.new.value_ms) - _log(t.base.value_ms)
     var = t.base_var + t.new_var
-    df = math.inf
-    if t.between_df:
-        tau2 = max(0.0, t.between_ss / t.between_df - t.within_mean)
-        extra = tau2 * t.weight_sq
-        var += extra
-        if extra > 0.0:  # Welch-Satterthwaite: only the between-run part has few degrees
-            df = max(1.0, var * var / (extra * extra / t.between_df))
-    if math.isnan(shift) or math.isinf(var):
-        ratio = math.exp(shift) if not math.isnan(shift) else math.nan
+    ss, df, within = _between_parts(t, base_offsets, new_offsets)
+    floor = between_run * between_run * t.weight_sq
+    if not df:
+        return _LogRatio(shift, var + floor, floor, math.inf, False)
+    tau2 = max(0.0, (ss - within) / df)
+    if common is not None:
+        tau2, df = common
+    measured = tau2 * t.weight_sq
+    if measured <= floor:
+        return _LogRatio(shift, var + floor, floor, math.inf, True)
+    return _LogRatio(shift, var + measured, measured, float(df), True)
+
+
+def _bounds(r: _LogRatio, alpha: float) -> tuple[float, float, float]:
+    """(ratio, low, high) of exp(shift) at two-sided level 1 - alpha."""
+    if math.isnan(r.shift) or math.isinf(r.var):
+        ratio = math.exp(r.shift) if not math.isnan(r.shift) else math.nan
         return ratio, 0.0, math.inf
-    half = _critical(1.0 - alpha / 2.0, round(df, 2) if math.isfinite(df) else df) * math.sqrt(var)
-    return math.exp(shift), math.exp(shift - half), math.exp(shift + half)
+    df = math.inf
+    if r.extra > 0.0 and math.isfinite(r.df):  # Welch-Satterthwaite: only the between-run
+        df = max(1.0, r.var * r.var / (r.extra * r.extra / r.df))  # part has few degrees
+    half = _critical(1.0 - alpha / 2.0, round(df, 2) if math.isfinite(df) else df) * math.sqrt(
+        r.var
+    )
+    return math.exp(r.shift), math.exp(r.shift - half), math.exp(r.shift + half)
+
+
+# -- the run-wide speed factor ------------------------------------------------------------------
+def _median(values: Sequence[float]) -> float:
+    return _interp(sorted(values), 0.5)
+
+
+def _run_offsets(tests: Sequence[_Test], side: str) -> dict[int, float]:
+    """Each pooled run's log speed factor against its side: over the regions every run of the
+    side timed, the median of (that run's log statistic - the runs' mean of it)."""
+    devs: dict[int, list[float]] = {}
+    for t in tests:
+        runs = t.base_runs if side == "base" else t.new_runs
+        logs = [(j, _log(r.value_ms)) for j, r in runs]
+        if len(logs) < 2 or any(math.isnan(x) for _, x in logs):
+            continue
+        centre = math.fsum(x for _, x in logs) / len(logs)
+        for j, x in logs:
+            devs.setdefault(j, []).append(x - centre)
+    if not devs or min(map(len, devs.values())) < MIN_FACTOR_REGIONS:
+        return {}
+    return {j: _median(d) for j, d in devs.items()}
+
+
+def _normalised(ratios: Sequence[_LogRatio]) -> list[tuple[_LogRatio, float]]:
+    """Each region's log ratio less the median of the others' (its speed factor, returned as
+    a ratio with it), with the variance of that median, and the regions' own spread around
+    it (beyond what their variances explain) where it exceeds the between-run part already
+    there. Needs MIN_FACTOR_REGIONS regions with a finite ratio and variance."""
+    out = []
+    for i, r in enumerate(ratios):
+        others = [o for j, o in enumerate(ratios) if j != i]
+        m = len(others)
+        centre = _median([o.shift for o in others])
+        # The median of m values of spreads s_j: its variance is about pi/2 / (m f(0)^2 ...),
+        # i.e. (pi/2) / (m mean(1/s_j)^2) (the asymptotic variance of a sample median).
+        inv = math.fsum(1.0 / math.sqrt(o.var) for o in others) / m
+        centre_var = (math.pi / 2.0) / (m * inv * inv)
+        # The others' own spread around their median, beyond their variances: how unlike
+        # each other the regions moved between the runs (robust: the median of squares, which
+        # one slowed region cannot move far; 0.4549 is the median of chi-square with 1 degree).
+        squares = [(o.shift - centre) ** 2 for o in others]
+        spread = max(
+            0.0,
+            _median(squares) / _CHI2_1_MEDIAN * m / (m - 1) - _median([o.var for o in others]),
+        )
+        extra, df = r.extra, r.df
+        if spread > extra:
+            extra, df = spread, math.inf
+        # Regions follow the machine's speed with sensitivities of their own (a sleep hardly,
+        # interpreted code fully): dividing by the factor leaves (sensitivity - 1) x log factor.
+        sensitivity = (SENSITIVITY_SPREAD * centre) ** 2
+        var = r.var - r.extra + extra + centre_var + sensitivity
+        out.append((_LogRatio(r.shift - centre, var, extra, df, r.measured), math.exp(centre)))
+    return out
 
 
 def _verdict(low: float, high: float, margin: float) -> str:
@@ -598,6 +733,8 @@ def compare_sides(
     fail_missing: bool = False,
     allow_other_device: bool = False,
     labels: tuple[str, str] = ("base", "new"),
+    absolute: bool = False,
+    between_run: float | None = None,
 ) -> Comparison:
     """The gate's verdict of ``new`` against ``base`` (see the module's docstring)."""
     check_options(
@@ -607,11 +744,13 @@ def compare_sides(
         min_ms=min_ms,
         match=match,
         labels=labels,
+        between_run=between_run,
     )
     for name, flag in (
         ("fail_undecided", fail_undecided),
         ("fail_missing", fail_missing),
         ("allow_other_device", allow_other_device),
+        ("absolute", absolute),
     ):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {type(flag).__name__}")
@@ -638,8 +777,8 @@ def compare_sides(
     for rank in ranks:
         if rank not in base or rank not in new:
             continue
-        b_runs = [_run_samples(s) for s in base[rank]]
-        n_runs = [_run_samples(s) for s in new[rank]]
+        b_runs = [_run_samples(s, j) for j, s in enumerate(base[rank])]
+        n_runs = [_run_samples(s, j) for j, s in enumerate(new[rank])]
         keys = dict.fromkeys(k for run in [*b_runs, *n_runs] for k in run)
         for name, clock in keys:
             if match is not None and not matches(name, match):
@@ -663,8 +802,58 @@ def compare_sides(
         kept.append((key, len(b), len(n), base_ms, new_ms, test))
     tested = sum(1 for *_, t in kept if isinstance(t, _Test))
     alpha = (1.0 - confidence) / max(1, tested)
+    spread = float(BETWEEN_RUN if between_run is None else between_run)
+    # Group the tests by rank and clock: the whole machine's speed moves the regions of one
+    # process and one clock together.
+    groups: dict[tuple[int | None, str], list[int]] = {}
+    for index, ((rank, _, clock), *_, test) in enumerate(kept):
+        if isinstance(test, _Test):
+            groups.setdefault((rank, clock), []).append(index)
+    ratios: dict[int, tuple[_LogRatio, float]] = {}
+    factors: dict[tuple[int | None, str], float] = {}
+    speed = []
+    for (rank, clock), members in groups.items():
+        group_tests = [cast(_Test, kept[i][5]) for i in members]
+        offsets = (
+            ({}, {})
+            if absolute
+            else tuple(_run_offsets(group_tests, side) for side in ("base", "new"))
+        )
+        usable = [
+            i
+            for i, t in zip(members, group_tests, strict=True)
+            if math.isfinite(_log(t.new.value_ms) - _log(t.base.value_ms))
+            and math.isfinite(t.base_var + t.new_var)
+        ]
+        normalise = not absolute and len(usable) >= MIN_FACTOR_REGIONS
+        if not normalise:
+            offsets = ({}, {})
+        shared = None
+        if normalise:
+            # With the speed factor divided out, the regions' spreads between runs are taken to
+            # be alike (as the regions' spread around the factor is): pooled over the regions,
+            # their estimate has k (runs - 1) degrees of freedom, not runs - 1.
+            parts = [_between_parts(kept_test, offsets[0], offsets[1]) for kept_test in group_tests]
+            total_df = sum(df for _, df, _ in parts)
+            if total_df:
+                ss_all = math.fsum(ss - within for ss, _, within in parts)
+                shared = (max(0.0, ss_all / total_df), total_df)
+        raw = {
+            i: _log_ratio(t, spread, offsets[0], offsets[1], shared)
+            for i, t in zip(members, group_tests, strict=True)
+        }
+        for i in members:
+            ratios[i] = (raw[i], 1.0)
+        if not usable:
+            continue
+        factor = math.exp(_median([raw[i].shift for i in usable]))
+        speed.append(SpeedFactor(rank, clock, factor, len(usable), normalise, spread))
+        if normalise:
+            factors[(rank, clock)] = factor
+            for i, result in zip(usable, _normalised([raw[i] for i in usable]), strict=True):
+                ratios[i] = result
     items = []
-    for (rank, name, clock), b_runs_n, n_runs_n, base_ms, new_ms, test in kept:
+    for index, ((rank, name, clock), b_runs_n, n_runs_n, base_ms, new_ms, test) in enumerate(kept):
         common: dict[str, Any] = {
             "name": name,
             "clock": clock,
@@ -678,14 +867,22 @@ def compare_sides(
             verdict = f"only in {labels[0] if b_runs_n else labels[1]}"
             items.append(RegionVerdict(verdict=verdict, ratio=None, low=None, high=None, **common))
         elif isinstance(test, str):
-            ratio = new_ms / base_ms if base_ms > 0 and new_ms > 0 else None
+            factor = factors.get((rank, clock), 1.0)
+            ratio = new_ms / base_ms / factor if base_ms > 0 and new_ms > 0 else None
             items.append(
                 RegionVerdict(
-                    verdict="undecided", ratio=ratio, low=None, high=None, reason=test, **common
+                    verdict="undecided",
+                    ratio=ratio,
+                    low=None,
+                    high=None,
+                    reason=test,
+                    factor=factor,
+                    **common,
                 )
             )
         else:
-            ratio, low, high = _interval(test, alpha)
+            log_ratio, factor = ratios[index]
+            ratio, low, high = _bounds(log_ratio, alpha)
             verdict = _verdict(low, high, max_slowdown)
             reason = ""
             if verdict == "undecided":
@@ -704,6 +901,7 @@ def compare_sides(
                     base_n=test.base.n,
                     new_n=test.new.n,
                     reason=reason,
+                    factor=factor,
                     **common,
                 )
             )
@@ -712,9 +910,9 @@ def compare_sides(
     )
     if single and tested:
         notes.append(
-            "one run on each side: the intervals cover the spread between steps (or calls) of "
-            "these runs, not a shift that holds for a whole run (another load, clocks); pool "
-            "several base runs (a folder, or several files) to measure the spread between runs"
+            "one run on each side: the spread between runs is assumed (between_run), not "
+            "measured; a shift of a whole run reads as a change unless divided out by the "
+            "speed factor; pool several base runs (a folder, or several files) to measure it"
         )
     return Comparison(
         items=tuple(items),
@@ -728,6 +926,9 @@ def compare_sides(
         labels=labels,
         notes=tuple(notes),
         ignored=ignored,
+        absolute=absolute,
+        speed=tuple(speed),
+        between_run=spread,
     )
 
 
@@ -753,6 +954,19 @@ def comparison_to_dict(c: Comparison) -> dict[str, Any]:
         "fail_undecided": c.fail_undecided,
         "fail_missing": c.fail_missing,
         "labels": list(c.labels),
+        "absolute": c.absolute,
+        "between_run": c.between_run,
+        "speed": [
+            {
+                "rank": f.rank,
+                "clock": f.clock,
+                "factor": _finite(f.factor),
+                "regions": f.regions,
+                "used": f.used,
+                "between_run": f.between_run,
+            }
+            for f in c.speed
+        ],
         "counts": {
             "slower": len(c.regressions),
             "faster": len(c.improvements),
@@ -769,6 +983,8 @@ def comparison_to_dict(c: Comparison) -> dict[str, Any]:
                 "base_ms": _finite(v.base_ms),
                 "new_ms": _finite(v.new_ms),
                 "ratio": _finite(v.ratio),
+                "raw_ratio": _finite(v.raw_ratio),
+                "factor": _finite(v.factor),
                 "low": _finite(v.low),
                 "high": _finite(v.high),
                 "samples": v.samples,

@@ -51,6 +51,7 @@ from ._report import (
     host_bound,
     level_text,
     mem_mib,
+    normalised,
     per_step_title,
     rank_ranges,
     summary_notes,
@@ -305,12 +306,14 @@ def _gate(c: Comparison) -> dict[str, Any]:
     """The comparison table of the gate (``max_slowdown``): the verdicts of ``compare``."""
     base, new = c.labels
     unit = "ms/step" if c.stat == "per_step" else f"{c.stat} ms"
+    normal = normalised(c)
     columns = [
         ("region", "region", "text"),
         ("clock", "clock", "text"),
         ("base", f"{base} {unit}", "ms"),
         ("new", f"{new} {unit}", "ms"),
         ("ratio", f"{new}/{base}", "x3"),
+        *([("normal", "vs speed", "x3")] if normal else []),
         ("interval", f"{level_text(c.region_confidence)} interval", "text"),
         ("verdict", "verdict", "text"),
     ]
@@ -326,7 +329,8 @@ def _gate(c: Comparison) -> dict[str, Any]:
             v.clock,
             _num(v.base_ms),
             _num(v.new_ms),
-            _num(v.ratio),
+            _num(v.raw_ratio),
+            *([_num(v.ratio)] if normal else []),
             interval,
             verdict,
         ]
@@ -422,6 +426,7 @@ def render_html(
     max_slowdown: float | None = None,
     confidence: float = 0.95,
     allow_other_device: bool = False,
+    absolute: bool = False,
 ) -> str:
     """The HTML page of ``run``: its region tree (GPU and CPU time side by side, sortable and
     collapsible), the per-step time of its ``top`` regions, its sync sites; with ``base``, a
@@ -429,7 +434,8 @@ def render_html(
     by ``stat`` with ``tolerance``); for a ``RankSummary``, the cross-rank table and the tree
     of all ranks folded together (``RankSummary.merged()``). With ``max_slowdown`` the
     comparison is the gate's (``cudatimer.compare``): each region's interval and verdict, by
-    ``stat`` (default p50) at ``confidence``.
+    ``stat`` (default p50) at ``confidence``, ratios divided by the run-wide speed factor
+    unless ``absolute``.
 
     Opening the page needs no network. ``render_html`` only reads its records.
     """
@@ -458,6 +464,7 @@ def render_html(
             confidence=confidence,
             allow_other_device=allow_other_device,
             labels=labels,
+            absolute=absolute,
         )
     elif stat is not None and stat not in COMPARE_STATS:
         raise ValueError(f"stat must be one of {', '.join(COMPARE_STATS)}; got {stat!r}")

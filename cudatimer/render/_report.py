@@ -727,7 +727,7 @@ def render_compare(
 # Imported here, not at the top, so that this addition stays local to the compare section.
 from ..records._compare import Comparison, RegionVerdict  # noqa: E402
 
-__all__ += ["gate_headline", "gate_notes", "level_text", "render_gate"]
+__all__ += ["gate_headline", "gate_notes", "level_text", "normalised", "render_gate", "speed_notes"]
 
 # The table lists what needs a look first: what fails, what cannot be told, then the rest.
 _VERDICT_ORDER = {"slower": 0, "undecided": 1, "faster": 3, "same": 4}
@@ -745,6 +745,10 @@ def _interval_text(v: RegionVerdict) -> str:
         return "-"
     high = "inf" if math.isinf(v.high) else f"{v.high:.3f}"
     return f"{v.low:.3f}-{high}"
+
+
+def _ratio_text(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.3f}"
 
 
 def _verdict_text(v: RegionVerdict) -> str:
@@ -771,7 +775,55 @@ def gate_headline(c: Comparison) -> str:
     ]
     told = ", ".join(f"{n} {what}" for n, what in counts if n) or "no regions"
     state = "passed" if c.ok else "FAILED"
-    return f"cudatimer: gate {state} (max slowdown {100 * c.max_slowdown:g}%): {told}"
+    used = [f for f in c.speed if f.used]
+    speed = f", speed factor {used[0].factor:.3f}" if len(used) == 1 else ""
+    return f"cudatimer: gate {state} (max slowdown {100 * c.max_slowdown:g}%{speed}): {told}"
+
+
+def normalised(c: Comparison) -> bool:
+    """True when some region's ratio was divided by a run-wide speed factor."""
+    return any(f.used for f in c.speed)
+
+
+def speed_notes(c: Comparison) -> list[str]:
+    """What the run-wide speed factors were, and what dividing them out means."""
+    base, new = c.labels
+    notes = []
+    for f in c.speed:
+        where = f"rank {f.rank}, {f.clock}" if f.rank is not None else f.clock
+        if f.used:
+            notes.append(
+                f"speed factor {new}/{base} ({where}): {f.factor:.3f}, the median ratio of "
+                f"{f.regions} regions; each region is gated on its ratio divided by the median "
+                "ratio of the others (vs speed), so the whole machine running faster or "
+                "slower is no regression (absolute: raw ratios)"
+            )
+            if abs(math.log(f.factor)) > math.log1p(c.max_slowdown):
+                slower = "slower" if f.factor > 1.0 else "faster"
+                notes.append(
+                    f"warning: the whole {new} run ({where}) ran {abs(f.factor - 1):.1%} "
+                    f"{slower} than {base}: divided out, so a slowdown of every region alike "
+                    "passes; gate with absolute to see it"
+                )
+        elif c.absolute:
+            notes.append(
+                f"absolute: raw ratios ({where}; the median ratio of {f.regions} regions was "
+                f"{f.factor:.3f})"
+            )
+        else:
+            notes.append(
+                f"raw ratios ({where}): {f.regions} region(s) tested, fewer than 4, too few for "
+                "a run-wide speed factor"
+            )
+    floors = sorted({f.between_run for f in c.speed})
+    if floors:
+        notes.append(
+            "between runs: a region's statistic is taken to vary by "
+            + " / ".join(f"{x:.1%}" for x in floors)
+            + " from run to run where one run per side cannot measure it (between_run); "
+            "pooled base runs measure it, never below that"
+        )
+    return notes
 
 
 def gate_notes(c: Comparison) -> list[str]:
@@ -801,6 +853,7 @@ def gate_notes(c: Comparison) -> list[str]:
     if c.fail_missing and c.missing:
         failing.append("regions in one run only fail (fail_missing)")
     notes.extend(failing)
+    notes.extend(speed_notes(c))
     notes.extend(c.notes)
     return notes
 
@@ -825,6 +878,7 @@ def render_gate(c: Comparison, *, fmt: str = "simple") -> str:
         key=lambda i: (_VERDICT_ORDER.get(c.items[i].verdict, 2), i),
     )
     unit = "ms/step" if c.stat == "per_step" else f"{c.stat} ms"
+    normal = normalised(c)
     headers = [
         *(["rank"] if ranked else []),
         "region",
@@ -832,6 +886,7 @@ def render_gate(c: Comparison, *, fmt: str = "simple") -> str:
         f"{base} {unit}",
         f"{new} {unit}",
         f"{new}/{base}",
+        *(["vs speed"] if normal else []),
         f"{level_text(c.region_confidence)} interval",
         "verdict",
         "samples",
@@ -846,7 +901,8 @@ def render_gate(c: Comparison, *, fmt: str = "simple") -> str:
                 v.clock,
                 _ms(v.base_ms),
                 _ms(v.new_ms),
-                "-" if v.ratio is None else f"{v.ratio:.3f}",
+                _ratio_text(v.raw_ratio),
+                *([_ratio_text(v.ratio)] if normal else []),
                 _interval_text(v),
                 _verdict_text(v),
                 _samples_text(v),
@@ -865,6 +921,7 @@ def render_gate(c: Comparison, *, fmt: str = "simple") -> str:
             "right",
             "right",
             "right",
+            *(["right"] if normal else []),
             "left",
             "left",
             "left",

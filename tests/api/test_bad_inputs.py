@@ -145,6 +145,18 @@ CASES: list[Case] = [
         TypeError,
         "fail_missing",
     ),  # type: ignore[arg-type]
+    (
+        "compare",
+        lambda: cudatimer.compare(_run(), _run(), absolute=1),
+        TypeError,
+        "absolute",
+    ),  # type: ignore[arg-type]
+    (
+        "compare",
+        lambda: cudatimer.compare(_run(), _run(), between_run=-0.1),
+        ValueError,
+        "between_run",
+    ),
     ("compare_report", lambda: cudatimer.compare_report(_run()), TypeError, "Comparison"),  # type: ignore[arg-type]
     (
         "compare_report",

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,7 @@ def test_every_verdict_on_known_distributions() -> None:
             "added": lognormal(16),
         }
     )
-    c = cudatimer.compare(base, new, max_slowdown=0.05)
+    c = cudatimer.compare(base, new, max_slowdown=0.05, absolute=True)
     got = {v.name: v.verdict for v in c.items}
     assert got == {
         "same": "same",
@@ -109,6 +110,170 @@ def test_every_verdict_on_known_distributions() -> None:
     assert slow.base == slow.base_ms and slow.new == slow.new_ms
     assert slow.ratio == pytest.approx(slow.new_ms / slow.base_ms)
     assert slow.samples == "steps" and (slow.base_n, slow.new_n) == (50, 50)
+
+
+# -- the run-wide speed factor -----------------------------------------------------------------
+NAMES = [f"r{i}" for i in range(8)]
+
+
+def machine(seed: int, speed: float = 1.0, slowed: dict[str, float] | None = None) -> Summary:
+    """8 regions of 2-9 ms (sigma 1%), all ``speed`` times slower, and ``slowed`` regions
+    that much slower again."""
+    slowed = slowed or {}
+    return run(
+        {
+            n: [
+                speed * slowed.get(n, 1.0) * x
+                for x in lognormal(seed * 10 + i, ms=2 + i, sigma=0.01)
+            ]
+            for i, n in enumerate(NAMES)
+        }
+    )
+
+
+def test_a_uniform_speed_drift_is_same_and_reported() -> None:
+    """The whole new run 3% slower: every region 'same'; 15% slower: none slower (regions
+    may follow a large drift unlike each other: undecided), the factor reported with a
+    warning; absolute=True calls every region slower."""
+    small = cudatimer.compare(machine(1), machine(2, speed=1.03), max_slowdown=0.05)
+    assert {v.verdict for v in small.items} == {"same"} and small.ok
+    assert small.speed[0].factor == pytest.approx(1.03, rel=0.01)
+    base, new = machine(1), machine(2, speed=1.15)
+    c = cudatimer.compare(base, new, max_slowdown=0.05)
+    assert c.ok and not c.regressions and {v.verdict for v in c.items} <= {"same", "undecided"}
+    (speed,) = c.speed
+    assert speed.used and speed.regions == 8 and speed.factor == pytest.approx(1.15, rel=0.01)
+    assert not c.absolute
+    for v in c.items:
+        assert v.factor == pytest.approx(1.15, rel=0.01)
+        assert v.raw_ratio == pytest.approx(v.new_ms / v.base_ms)
+        assert v.ratio == pytest.approx(v.raw_ratio / v.factor)
+    text = cudatimer.compare_report(c)
+    assert text.splitlines()[0].startswith(
+        "cudatimer: gate passed (max slowdown 5%, speed factor 1.15"
+    )
+    assert "vs speed" in text.splitlines()[1]
+    assert "warning: the whole new run (host) ran 15" in text and "absolute" in text
+    raw = cudatimer.compare(base, new, max_slowdown=0.05, absolute=True)
+    assert {v.verdict for v in raw.items} == {"slower"} and raw.absolute
+    assert [f.used for f in raw.speed] == [False] and all(v.factor == 1.0 for v in raw.items)
+    assert "vs speed" not in cudatimer.compare_report(raw)
+
+
+def test_one_region_slowed_against_the_others_is_caught_under_drift() -> None:
+    """The machine 4% faster in new and one region 10% slower than that: it alone is
+    slower, at ratio ~1.10 against the others (1.056 raw)."""
+    base, new = machine(3), machine(4, speed=0.96, slowed={"r5": 1.10})
+    c = cudatimer.compare(base, new, max_slowdown=0.05)
+    assert [v.name for v in c.regressions] == ["r5"]
+    assert {v.verdict for v in c.items if v.name != "r5"} <= {"same", "undecided"}
+    r5 = verdict(c, "r5")
+    assert r5.ratio == pytest.approx(1.10, rel=0.02)
+    assert r5.raw_ratio == pytest.approx(1.056, rel=0.02)
+    assert r5.factor == pytest.approx(0.96, rel=0.01)
+
+
+def test_a_region_that_does_not_follow_a_large_drift_is_not_called_slower() -> None:
+    """The others 1.5x faster, one region (a sleep) unchanged: its ratio against them reads
+    1.5, but regions follow the machine unlike each other, so it is undecided, not slower."""
+    base = machine(5)
+    new = machine(6, speed=1 / 1.5, slowed={"r0": 1.5})
+    v = verdict(cudatimer.compare(base, new, max_slowdown=0.05), "r0")
+    assert v.ratio == pytest.approx(1.5, rel=0.03)
+    assert v.verdict == "undecided" and v.reason == "too noisy"
+
+
+def test_html_shows_the_speed_factor_column() -> None:
+    """The page's gate table has the raw ratio and the one divided by the speed factor."""
+    base, new = machine(1), machine(2, speed=1.03)
+    table = _page_doc(render_html(new, base=base, max_slowdown=0.05))["compare"]
+    assert isinstance(table, dict)
+    titles = [c[1] for c in table["columns"]]
+    assert titles[4:6] == ["new/base", "vs speed"]
+    assert any("speed factor new/base (host): 1.03" in n for n in table["notes"])
+    raw = _page_doc(render_html(new, base=base, max_slowdown=0.05, absolute=True))["compare"]
+    assert isinstance(raw, dict) and "vs speed" not in [c[1] for c in raw["columns"]]
+
+
+def test_the_comparison_of_two_long_runs_of_many_regions_is_fast() -> None:
+    """Two 1,000-step runs of 200 regions compare (after loading) in under 2 s."""
+    rng = random.Random(0)
+
+    def long_run() -> Summary:
+        values = {
+            f"b{i // 10}/l{i % 10}": [rng.lognormvariate(0.0, 0.1) for _ in range(1000)]
+            for i in range(200)
+        }
+        return run(values)
+
+    base, new = long_run(), long_run()
+    best_s = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        c = cudatimer.compare(base, new, max_slowdown=0.05)
+        best_s = min(best_s, time.perf_counter() - t0)
+    assert c.tested == 200 and c.speed[0].used
+    assert best_s < 2.0
+
+
+def test_too_few_regions_for_a_speed_factor_keep_raw_ratios() -> None:
+    """Three regions: raw ratios, the factor reported as not used, and a note says why."""
+    base = run({n: lognormal(i) for i, n in enumerate(NAMES[:3])})
+    new = run({n: [1.2 * x for x in lognormal(10 + i)] for i, n in enumerate(NAMES[:3])})
+    c = cudatimer.compare(base, new, max_slowdown=0.05)
+    assert len(c.regressions) == 3 and [f.used for f in c.speed] == [False]
+    assert all(v.factor == 1.0 and v.ratio == v.raw_ratio for v in c.items)
+    assert "fewer than 4, too few for a run-wide speed factor" in cudatimer.compare_report(c)
+
+
+def test_pooled_runs_measure_the_spread_between_runs_after_the_speed_factor() -> None:
+    """Base runs whose whole-machine speed differs by 10%: their normalised statistics agree,
+    so a 10% slowdown of one region is still caught; raw ratios leave it undecided."""
+    bases = [machine(7 + j, speed=s) for j, s in enumerate((0.95, 1.0, 1.05))]
+    new = machine(12, speed=1.02, slowed={"r3": 1.10})
+    c = cudatimer.compare(bases, new, max_slowdown=0.05)
+    assert [v.name for v in c.regressions] == ["r3"] and verdict(c, "r3").base_runs == 3
+    raw = verdict(cudatimer.compare(bases, new, max_slowdown=0.05, absolute=True), "r3")
+    assert raw.verdict == "undecided"
+
+
+def test_between_run_widens_the_intervals(files: dict[str, str]) -> None:
+    """A larger assumed spread between runs widens every interval; bad values are refused."""
+    narrow = verdict(cudatimer.compare(files["base"], files["same"], between_run=0.0), "a")
+    wide = verdict(cudatimer.compare(files["base"], files["same"], between_run=0.03), "a")
+    assert narrow.interval is not None and wide.interval is not None
+    assert wide.interval[1] - wide.interval[0] > 3 * (narrow.interval[1] - narrow.interval[0])
+    with pytest.raises(ValueError, match="between_run"):
+        cudatimer.compare(files["base"], files["same"], between_run=1.5)
+    with pytest.raises(TypeError, match="between_run"):
+        cudatimer.compare(files["base"], files["same"], between_run="x")
+
+
+def test_absolute_on_the_command_line_and_the_speed_in_json(tmp_path: Path) -> None:
+    """compare exits 0 on a uniform drift and 3 with --absolute; --json carries the factor."""
+    save(machine(1), tmp_path / "base.json")
+    save(machine(2, speed=1.15), tmp_path / "new.json")
+    argv = [
+        "compare",
+        str(tmp_path / "base.json"),
+        str(tmp_path / "new.json"),
+        "--max-slowdown",
+        "0.05",
+    ]
+    assert main([*argv, "--json", str(tmp_path / "n.json")]) == 0
+    assert main([*argv, "--absolute", "--json", str(tmp_path / "a.json")]) == EXIT_SLOWER
+    doc = json.loads((tmp_path / "n.json").read_text())
+    assert doc["absolute"] is False and doc["between_run"] == 0.005
+    (speed,) = doc["speed"]
+    assert (
+        speed["used"] and speed["regions"] == 8 and speed["factor"] == pytest.approx(1.15, rel=0.01)
+    )
+    r = doc["regions"][0]
+    assert r["ratio"] == pytest.approx(r["raw_ratio"] / r["factor"])
+    assert r["raw_ratio"] == pytest.approx(r["new_ms"] / r["base_ms"])
+    absolute = json.loads((tmp_path / "a.json").read_text())
+    assert absolute["absolute"] is True and absolute["speed"][0]["used"] is False
+    assert absolute["counts"]["slower"] == 8
 
 
 def test_a_small_significant_change_within_max_slowdown_is_same() -> None:
@@ -300,6 +465,15 @@ def files(tmp_path: Path) -> dict[str, str]:
     return out
 
 
+def test_lower_quantiles_gate_from_the_command_line(files: dict[str, str]) -> None:
+    """--stat p25 gates the first quartile; p10 of 50 steps has no interval (undecided)."""
+    gate = ["--max-slowdown", "0.05"]
+    assert main(["compare", files["base"], files["slow"], *gate, "--stat", "p25"]) == 3
+    c = cudatimer.compare(files["base"], files["slow"], stat="p10")
+    assert {v.verdict for v in c.items} == {"undecided"}
+    assert all(v.reason.startswith("too few samples for p10") for v in c.items)
+
+
 def test_exit_codes(files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     """0 when nothing is slower, 3 when something is; undecided and missing fail when asked."""
     gate = ["--max-slowdown", "0.05"]
@@ -356,10 +530,13 @@ def test_json_verdicts(files: dict[str, str], tmp_path: Path) -> None:
         (["--max-slowdown", "x"], "--max-slowdown"),
         (["--max-slowdown", "0.05", "--stat", "total"], "per_step"),
         (["--max-slowdown", "0.05", "--stat", "max"], "no confidence interval"),
+        (["--stat", "p25"], "stat must be one of"),
         (["--max-slowdown", "0.05", "--confidence", "1.5"], "confidence"),
         (["--max-slowdown", "0.05", "--min-ms", "-1"], "min_ms"),
         (["--max-slowdown", "0.05", "--fmt", "nope"], "fmt"),
         (["--json", "x.json"], "add --max-slowdown"),
+        (["--absolute"], "add --max-slowdown"),
+        (["--max-slowdown", "0.05", "--between-run", "2"], "between_run"),
         (["--fail-undecided"], "add --max-slowdown"),
     ],
 )

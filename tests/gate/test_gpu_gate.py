@@ -41,3 +41,18 @@ def test_gpu_regions_gate_extra_matmuls(tmp_path: Path) -> None:
     assert attn.interval is not None and attn.interval[0] > 1.3 and attn.interval[1] < 1.7
     argv = ["compare", str(tmp_path / "base.json"), str(tmp_path / "new.json")]
     assert main([*argv, "--max-slowdown", "0.05"]) == EXIT_SLOWER
+
+
+def test_gpu_regions_gate_against_the_speed_factor(tmp_path: Path) -> None:
+    """Five GPU regions, one given 50% more matmuls: it alone is slower against the run-wide
+    speed factor (about 1: the other regions did not change)."""
+    regions = {f"layer{i}": 10 for i in range(5)}
+    base = _run(tmp_path / "base.json", regions)
+    new = _run(tmp_path / "new.json", {**regions, "layer2": 15})
+    result = cudatimer.compare(base, new, max_slowdown=0.05)
+    assert [v.name for v in result.regressions] == ["layer2"]
+    (speed,) = result.speed
+    assert speed.used and speed.regions == 5 and 0.9 < speed.factor < 1.1
+    assert speed.clock.startswith("cuda:")
+    layer2 = next(v for v in result.items if v.name == "layer2")
+    assert layer2.ratio is not None and 1.3 < layer2.ratio < 1.7
