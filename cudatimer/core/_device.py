@@ -114,11 +114,6 @@ class Allocator(Protocol):
         """Record the history again after ``pause`` (from empty)."""
         ...
 
-    def fence(self, device: int) -> None:
-        """Allocate and free a few bytes on ``device`` now: two events in the history that
-        carry the calling thread's metadata string."""
-        ...
-
     #: Set the calling thread's metadata string: what the allocator puts on its next events.
     tag: Callable[[str], None]
 
@@ -307,11 +302,6 @@ class CudaAllocator:
                 self._record(clear=True)
         except (RuntimeError, TypeError, ValueError) as exc:
             self._stopped = f"the allocator's history could not be turned on again ({exc})"
-
-    def fence(self, device: int) -> None:
-        # 1 byte (a 512-byte block): the smallest request that reaches the allocator.
-        del_me = torch.empty(1, dtype=torch.uint8, device=torch.device("cuda", device))
-        del del_me
 
     def read(self) -> tuple[dict[int, list[tuple[str, int]]], set[int]]:
         if self._paused and self._stopped is None:

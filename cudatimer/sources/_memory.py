@@ -184,14 +184,12 @@ def _no_tag(text: str) -> None:
 #: sampled, no allocator, or a kind that records no sample).
 _SKIPPED = _Call.__new__(_Call)
 
-# An open `with` of a memory region on this thread: (region, its call or _SKIPPED or None
-# when not counted, its MemoryCalls, its slot).
-_Open = tuple[Any, "_Call | None", Any, int]
-
 
 class _Local(threading.local):
     def __init__(self) -> None:
-        self.stack: list[_Open] = []
+        # The open `with`s of memory regions on this thread: (region, its call, _SKIPPED, or
+        # None when not counted in an episode).
+        self.stack: list[tuple[Any, _Call | None]] = []
 
 
 class Tracker:
@@ -227,7 +225,9 @@ class Tracker:
         self._every = 1
         self._began = 0.0
         self._paused = False
-        self._devs: set[int] = set()  # devices of the calls measured in the open episode
+        #: True while an episode that is not measured is open: a call then takes ``skip``
+        #: (read without the mutex; ``skip`` checks again under it).
+        self.skipping = False
 
     # -- the allocator ----------------------------------------------------------------------
     def allocator(self) -> _device.Allocator | None:
@@ -275,17 +275,19 @@ class Tracker:
         an episode decides for the whole episode: one in ``every`` of each region's
         episodes is measured, counted per region (``calls.episodes``)."""
         with self._mutex:
-            if self._depth == 0:
-                self._measuring = self._start(calls, frame.slot, every)
-            self._depth += 1
-            measuring = self._measuring
+            depth = self._depth
+            self._depth = depth + 1
+            if depth == 0:
+                measuring = self._measuring = self._start(calls, frame.slot, every)
+                self.skipping = not measuring
+            else:
+                measuring = self._measuring
         if not measuring:
             calls.unsampled += 1
             return _SKIPPED
         call = calls.call(frame)
         if call is None:
             return _SKIPPED
-        self._devs.add(call.dev)
         k = next(self._seq)
         self._tag(f"{_PREFIX}{k}")
         self._pending.append((k, call, True))
@@ -304,7 +306,6 @@ class Tracker:
             calls.every.add(every)
             return False
         self._began = time.perf_counter()
-        self._devs = set()
         if self._paused:
             self._paused = False
             try:
@@ -313,52 +314,59 @@ class Tracker:
                 self.broken = f"the allocator's history could not be turned on again: {exc}"
         return True
 
+    def skip(self, region: Any) -> bool:
+        """A memory region's call opens inside an episode not measured: counted in it, and
+        pushed as ``_SKIPPED`` (~1 us with its exit, against ~4 us through ``begin``). False
+        (nothing done) when that episode has ended meanwhile."""
+        with self._mutex:
+            if not self.skipping:
+                return False
+            self._depth += 1
+        self._local.stack.append((region, _SKIPPED))
+        region.timer.recorder.memory.unsampled += 1
+        return True
+
     def end(self, call: _Call) -> None:
         """The call ``begin`` returned closes (its values come at a later read); the last
         call of a measured episode that lasted ``PAUSE_AFTER_S`` or more has the history
         read and turned off until the next measured episode."""
-        if call is not _SKIPPED:
-            k = next(self._seq)
-            self._tag(f"{_PREFIX}{k}")
-            self._pending.append((k, call, False))
-            self._since += 1
-            if self._since >= self._due and not self._reading:
-                self.read()
+        if call is _SKIPPED:
+            with self._mutex:
+                depth = self._depth - 1 if self._depth > 0 else 0
+                self._depth = depth
+                if depth == 0:
+                    self.skipping = False
+            return
+        k = next(self._seq)
+        self._tag(f"{_PREFIX}{k}")
+        self._pending.append((k, call, False))
+        self._since += 1
+        if self._since >= self._due and not self._reading:
+            self.read()
         done: list[tuple[_Call, int, int]] = []
         with self._mutex:
-            if self._depth > 0:
-                self._depth -= 1
-            if self._depth or not self._measuring or self._every == 1 or self._paused:
+            depth = self._depth - 1 if self._depth > 0 else 0
+            self._depth = depth
+            if depth:
+                return
+            self.skipping = False
+            if not self._measuring or self._every == 1 or self._paused:
                 return
             alloc = self._alloc
             if alloc is None or alloc is not _device.allocator() or self.broken is not None:
                 return
-            fence = time.perf_counter() - self._began < PAUSE_AFTER_S
-            if not fence:
-                # Under the mutex: no episode can begin between the read and the pause.
-                self._collect(done)
-                try:
-                    self._paused = alloc.pause()
-                except Exception as exc:
-                    self.broken = f"the allocator's history could not be turned off: {exc}"
-            devs = sorted(self._devs)
-        if fence:
-            # The history stays on through the episodes not measured, where nothing marks a
-            # boundary: events of this thread carry its last mark, those of a thread whose
-            # mark is older (or that never marked) none after it. One allocation and free of
-            # a few bytes per device now carries this thread's last mark, so the replay closes
-            # every call of the episode before any later event (which then counts in none).
-            # ~5 us a measured episode; never while this thread's stream captures a graph.
+            if time.perf_counter() - self._began < PAUSE_AFTER_S:
+                return
+            # Under the mutex: no episode can begin between the read and the pause.
+            self._collect(done)
             try:
-                if not _device.capturing(_device.current_key()):
-                    for dev in devs:
-                        alloc.fence(dev)
+                self._paused = alloc.pause()
             except Exception as exc:  # never an error in the program's region exit
-                self.broken = f"the allocator's history could not be marked: {exc}"
+                self.broken = f"the allocator's history could not be turned off: {exc}"
         _deliver(done)
 
-    def push(self, region: Any, call: _Call | None, calls: Any = None, slot: int = 0) -> None:
-        self._local.stack.append((region, call, calls, slot))
+    def push(self, region: Any, call: _Call | None) -> None:
+        self._local.stack.append((region, call))
 
     def pop(self, region: Any) -> _Call | None:
         """The call of ``region`` innermost on this thread's stack, removed (None: none)."""
@@ -376,11 +384,19 @@ class Tracker:
 
     def skipped_here(self) -> list[tuple[Any, int, int]]:
         """(MemoryCalls, slot, memory_every) of the calls open on this thread that were not
-        measured because their episode was not sampled, outermost first."""
+        measured because their episode is not, outermost first."""
         if self._measuring:
             return []
-        stack = self._local.stack
-        return [(c, slot, self._every) for _, call, c, slot in stack if call is _SKIPPED and c]
+        out = []
+        for region, call in self._local.stack:
+            if call is not _SKIPPED:
+                continue
+            rec = region.timer.recorder
+            for frame in reversed(rec.store.stack().frames()):
+                if frame.region is region:
+                    out.append((rec.memory, frame.slot, self._every))
+                    break
+        return out
 
     # -- reading the history ----------------------------------------------------------------
     def read(self) -> None:
@@ -699,13 +715,15 @@ class MemoryProbe:
     def enter(self, region: Any) -> None:
         if _is_compiling():
             return
+        tracker = TRACKER
+        if tracker.skipping and tracker.skip(region):
+            return
         rec = region.timer.recorder
         top = rec.store.stack().top()
         if top is not None and top.region is region:
-            calls = rec.memory
-            TRACKER.push(region, TRACKER.begin(calls, top, self.every), calls, top.slot)
+            tracker.push(region, tracker.begin(rec.memory, top, self.every))
         else:
-            TRACKER.push(region, None)
+            tracker.push(region, None)
 
     def exit(self, region: Any, exc: BaseException | None) -> None:
         if _is_compiling():

@@ -235,7 +235,6 @@ class FakeAllocator:
         self.recording = False  # the history is recorded (start, resume; not after pause)
         self.pauses = 0
         self.resumes = 0
-        self.fences = 0
         self.recorded = 0  # events the history recorded
         #: Called after each boundary's mark, before cudatimer keeps the boundary (a test
         #: reads the history there, as another thread might).
@@ -260,10 +259,6 @@ class FakeAllocator:
     def resume(self) -> None:
         self.resumes += 1
         self.recording = True
-
-    def fence(self, device: int) -> None:
-        self.fences += 1
-        self.temp(1, device)
 
     def tag(self, text: str) -> None:
         self.tags += 1

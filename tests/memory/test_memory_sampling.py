@@ -221,7 +221,9 @@ def test_instrument_samples_forward_and_backward_of_the_same_steps(
     assert (gpu.memory.pauses > 0) == pause
 
 
-def test_another_thread_s_calls_follow_the_episode_they_open_in(gpu: FakeGPU) -> None:
+def test_another_thread_s_calls_follow_the_episode_they_open_in(
+    gpu: FakeGPU, pause_always: None
+) -> None:
     """A call opened on another thread while an episode is open belongs to it: measured in a
     measured episode, not in one that is not."""
     t = Timer(name="threads")
