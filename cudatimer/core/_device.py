@@ -222,7 +222,9 @@ class CudaAllocator:
     ``max_memory_allocated()``.
 
     The history is turned on once, without stack traces, unless the program records it
-    already (then its settings are kept and it is only read). Each event costs the allocator
+    already (then its settings are kept and it is only read, never turned off). Between two
+    measured episodes of ``memory_every`` it is turned off (``pause``; turning it off drops
+    what it holds, so it is read first) and on again (``resume``). Each event costs the allocator
     a ring entry in C++; sizes are the bytes the tensors asked for (before rounding)."""
 
     def __init__(self) -> None:

@@ -12,8 +12,8 @@ records its own events in C++ (``_record_memory_history``, no stack traces) and 
 only puts a number on the calling thread's allocator metadata (one C call), which the
 allocator copies onto every event of that thread after it (``benchmarks/memory_cost.py``
 measures both, and the read: 0.18-0.26 us an event for the replay on the CPU machine).
-When the history is read (about every half ring of events, and by every report) the events
-are replayed in order against the boundaries: a running level, each open call's enter level
+When the history is read (about every half ring of events, at the end of a long measured
+episode, and by every report) the events are replayed in order against the boundaries: a running level, each open call's enter level
 and highest level, a child's highest passed on to the call around it when it closes, so a
 child's peak counts in its parent's and a sibling's never in another's.
 
@@ -21,6 +21,10 @@ Events of a thread carry that thread's last boundary number; numbers come from o
 so "an event after boundary k" orders it after every boundary up to k on any thread. Events
 of a thread that has no boundary (another library's worker thread) are counted where they
 fall among the boundaries read so far (docs/memory.md, "Limits").
+
+Sampling (``memory_every``, default ``MEMORY_EVERY``): everything above costs in proportion to
+what is measured, so one episode in N is (docs/design.md, "Memory per region"); between a
+long measured episode and the next the history is turned off.
 
 The byte counts are those the allocator's events carry: the sizes tensors asked for, before
 the allocator rounds each one up to a multiple of 512 bytes (and, for large blocks, sometimes
@@ -81,13 +85,14 @@ _FIRST_READ = 512
 _MIN_READ, _MAX_READ = 64, 1 << 20
 #: ``memory_every``'s default: one episode in this many is measured, per outermost region (an
 #: episode: from a memory region's call opening while none is open, on any thread, until none
-#: is open again; each call inside it is measured with it, or not). On the H200 a measured
-#: 12-layer GPT-2 b8x512 bf16 training step (163 modules, forward and backward rows, ~650
-#: boundaries) cost 8.1 ms over the 51.7 ms timed step (1.159x): the history read is ~1.8 us
-#: an event and a boundary's mark 3.3 us. One step in 10 is ~0.8 ms a step (~1.016x) plus
-#: ~0.4 us of Python per unmeasured boundary (~0.3 ms a step, the CPU machine's figure for
-#: this path), ~1.02x in all, leaving the target's 1.05x to the noise between runs
-#: (benchmarks/memory_cost.py). The first episode of each region is always measured.
+#: is open again; each call inside it is measured with it, or not). On the H200 measuring every
+#: call of a 12-layer GPT-2 b8x512 bf16 training step (163 modules, forward and backward rows,
+#: ~650 boundaries) cost 8.1 ms over the 51.7 ms timed step (1.159x): the history read is
+#: ~1.8 us an event and a boundary's mark 3.3 us, both proportional to what is measured. One
+#: step in 10 is ~0.9 ms a step (~1.017x), plus the short path of the boundaries not measured
+#: (``Tracker.skip``: 2.5-6.8 us a call on the loaded CPU machine against 5.0-13.5 us
+#: measured; ~1-2 us expected on the H200 host, ~0.5 ms a step): ~1.02-1.04x in all against the
+#: target 1.05x (benchmarks/memory_cost.py). The first episode of each region is measured.
 MEMORY_EVERY = 10
 #: A measured episode that lasted this long (host seconds) has its events read at its end and
 #: the history turned off until the next measured one, so the episodes between record nothing
