@@ -13,9 +13,10 @@ only puts a number on the calling thread's allocator metadata (one C call), whic
 allocator copies onto every event of that thread after it (``benchmarks/memory_cost.py``
 measures both, and the read: 0.18-0.26 us an event for the replay on the CPU machine).
 When the history is read (about every half ring of events, at the end of a long measured
-episode, and by every report) the events are replayed in order against the boundaries: a running level, each open call's enter level
-and highest level, a child's highest passed on to the call around it when it closes, so a
-child's peak counts in its parent's and a sibling's never in another's.
+episode, and by every report) the events are replayed in order against the boundaries: a
+running level, each open call's enter level and highest level, a child's highest passed on to
+the call around it when it closes, so a child's peak counts in its parent's and a sibling's
+never in another's.
 
 Events of a thread carry that thread's last boundary number; numbers come from one counter,
 so "an event after boundary k" orders it after every boundary up to k on any thread. Events
