@@ -223,9 +223,11 @@ class Tracker:
         self._detached: dict[int, _Call] = {}  # id(token) -> call of detached calls
         # Episodes (``MEMORY_EVERY``): the memory calls open now on every thread, whether the
         # episode they form is measured, its memory_every, when it began (host s), and
-        # whether the history was turned off after the last measured one. A plain lock,
-        # taken at each boundary (~0.1 us), renewed in a forked child.
-        self._mutex = threading.Lock()
+        # whether the history was turned off after the last measured one. A reentrant lock,
+        # taken at each boundary (~0.1 us), renewed in a forked child: a read under it may
+        # run the garbage collector, whose finalizers can close a backward row (``_backward``
+        # flushes a graph task's rows when its guard is collected) on this thread.
+        self._mutex = threading.RLock()
         self._depth = 0
         self._measuring = True
         self._every = 1
@@ -356,7 +358,7 @@ class Tracker:
             if depth:
                 return
             self.skipping = False
-            if not self._measuring or self._every == 1 or self._paused:
+            if not self._measuring or self._every == 1 or self._paused or self._reading:
                 return
             alloc = self._alloc
             if alloc is None or alloc is not _device.allocator() or self.broken is not None:
@@ -542,10 +544,11 @@ class Tracker:
         self._detached = {}
         self._local = _Local()
         self._reading = False
-        self._mutex = threading.Lock()
+        self._mutex = threading.RLock()
         self._depth = 0
         self._measuring = True
         self._paused = False
+        self.skipping = False
 
 
 def _deliver(done: list[tuple[_Call, int, int]]) -> None:

@@ -295,3 +295,34 @@ def test_bad_memory_every_names_the_argument() -> None:
         cudatimer.instrument(torch.nn.Linear(2, 2), memory=True, memory_every=-1, timer=t)
     with pytest.raises(ValueError, match="memory_every=2 needs memory=True"):
         cudatimer.instrument(torch.nn.Linear(2, 2), memory_every=2, timer=t)
+
+
+def test_a_region_run_inside_a_read_neither_hangs_nor_loses_a_call(
+    gpu: FakeGPU, pause_always: None
+) -> None:
+    """A memory region entered and left while the history is read at an episode's end (as a
+    finalizer the garbage collector runs there can): no deadlock, both calls measured."""
+    t = Timer(name="reentrant")
+    mem = gpu.memory
+    real = mem.read
+    fired: list[bool] = []
+
+    def read() -> tuple[dict[int, list[tuple[str, int]]], set[int]]:
+        if not fired:
+            fired.append(True)
+            with t.region("nested", memory=True):
+                mem.alloc(MiB)
+        return real()
+
+    mem.read = read  # type: ignore[method-assign]
+
+    def run() -> None:
+        with t.region("outer", memory=True):
+            mem.alloc(2 * MiB)
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(10.0)
+    assert not th.is_alive() and fired
+    assert _tallies(t, "outer")[0] == Tally.of([2 * MiB])
+    assert _tallies(t, "outer/nested")[0] == Tally.of([MiB])  # entered before outer left
