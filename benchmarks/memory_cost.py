@@ -1,5 +1,5 @@
 """What ``memory=True`` costs, and why it reads the allocator's event history instead of its
-statistics at each boundary.
+statistics at each boundary, measuring one episode in ``memory_every`` (default 10).
 
 On a GPU (``--device cuda``), three parts:
 
@@ -7,17 +7,20 @@ On a GPU (``--device cuda``), three parts:
    region boundary, each in a loop of ``--calls`` calls, medians of ``--rounds`` interleaved
    rounds: ``torch.cuda.memory_allocated()`` (the statistics dict, flattened in Python),
    ``torch._C._cuda_memoryStats`` (the same dict, nested, as C++ builds it), and what a
-   boundary of ``memory=True`` does: one ``torch._C._cuda_setMemoryMetadata`` call. Then the
-   cost per event of reading the history back (``torch.cuda.memory._snapshot()`` and
+   measured boundary of ``memory=True`` does: one ``torch._C._cuda_setMemoryMetadata`` call.
+   Then the cost per event of reading the history back (``torch.cuda.memory._snapshot()`` and
    cudatimer's replay), from a region with ``--events`` allocations and frees.
-2. ``region``: one region around a tiny op (``x.add_(1)``), enter + exit, with and without
-   ``memory=True`` (us per region).
+2. ``region``: one region around a tiny op (``x.add_(1)`` and a 512-byte temporary), enter +
+   exit, us per region: without memory, with the default ``memory_every`` (each call is its
+   own episode: one in 10 measured), with ``memory_every=1`` (every call measured), and a
+   call inside an episode that is not measured (``skipped``: what most boundaries cost).
 3. ``train``: the issue's target: a 12-layer GPT-2 (HF ``GPT2LMHeadModel``; ``_workloads.GPT``
    with the same sizes where transformers is missing), batch 8 x 512, bf16 autocast, fused
-   AdamW, every module instrumented with ``backward=True``: the step plain, timed (memory off)
-   and with ``memory=True``, blocks of ``CUDATIMER_BENCH_N`` steps in rotated rounds (each
-   round runs every variant, then plain again). The figure is the median over rounds of
-   memory / timed: target <= 1.05.
+   AdamW, every module instrumented with ``backward=True``: the step plain, timed (memory
+   off), with ``memory=True`` (the default ``memory_every``) and with ``memory_every=1``,
+   blocks of ``CUDATIMER_BENCH_N`` steps (default: ``memory_every``, so each block holds one
+   measured step) in rotated rounds (each round runs every variant, then plain again). The
+   figure is the median over rounds of memory / timed: target <= 1.05.
 
 ``--smoke``: the same parts on the CPU through the fake GPU of the tests
 (``tests/helpers/fake_cuda.py``): its allocator's boundary marks and history reads cost almost
@@ -53,9 +56,16 @@ from torch import nn
 
 import cudatimer
 from cudatimer import Timer
+from cudatimer.sources._memory import MEMORY_EVERY
 
 ROUNDS = 12
-VARIANTS = ("plain", "timed", "memory")
+VARIANTS = ("plain", "timed", "memory", "memory_all")
+#: The region options of each variant but plain.
+OPTIONS: dict[str, dict[str, Any]] = {
+    "timed": {},
+    "memory": {"memory": True},
+    "memory_all": {"memory": True, "memory_every": 1},
+}
 
 
 def _median_us(fn: Callable[[], None], calls: int, rounds: int) -> float:
@@ -89,7 +99,7 @@ def readers(device: str, calls: int, rounds: int, events: int) -> dict[str, floa
             out[name] = statistics.median(out[name])  # type: ignore[arg-type]
     t = Timer(name="memory-readers")
     alloc = _allocator(device)
-    region = t.region("many", memory=True)
+    region = t.region("many", memory=True, memory_every=1)
     with region:  # turns the history on (cudatimer's first memory region)
         alloc(1)
     t.summary()
@@ -124,11 +134,18 @@ def _allocator(device: str) -> Callable[[int], None]:
 
 
 def region_cost(device: str, calls: int, rounds: int) -> dict[str, float]:
-    """us per region (enter + exit) around a tiny op, without and with memory=True."""
+    """us per region (enter + exit) around a tiny op: without memory, with the default
+    memory_every, with memory_every=1, and inside an episode that is not measured."""
     t = Timer(name="memory-region")
     x = torch.zeros(16, device=device)
     alloc = _allocator(device)
-    plain, measured = t.region("plain"), t.region("measured", memory=True)
+    regions = {
+        "plain": t.region("plain"),
+        "memory": t.region("measured", memory=True),
+        "memory_all": t.region("all", memory=True, memory_every=1),
+    }
+    outer = t.region("outer", memory=True, memory_every=1 << 40)
+    inner = t.region("skipped", memory=True)
 
     def run(region: Any) -> Callable[[], None]:
         def once() -> None:
@@ -138,15 +155,23 @@ def region_cost(device: str, calls: int, rounds: int) -> dict[str, float]:
 
         return once
 
-    got: dict[str, list[float]] = {"plain": [], "memory": []}
+    def skipped() -> float:
+        with outer:  # its first episode: measured
+            pass
+        with outer:  # its second: not measured, nor any call inside it
+            return _median_us(run(inner), calls, 1)
+
+    got: dict[str, list[float]] = {k: [] for k in (*regions, "skipped")}
     for _ in range(rounds):
-        got["plain"].append(_median_us(run(plain), calls, 1))
-        got["memory"].append(_median_us(run(measured), calls, 1))
+        for name, region in regions.items():
+            got[name].append(_median_us(run(region), calls, 1))
+        got["skipped"].append(skipped())
         t.summary()
     out = {f"{k}_us_per_region": statistics.median(v) for k, v in got.items()}
-    out["memory_added_us_per_region"] = statistics.median(
-        m - p for m, p in zip(got["memory"], got["plain"], strict=True)
-    )
+    for k in ("memory", "memory_all", "skipped"):
+        out[f"{k}_added_us_per_region"] = statistics.median(
+            m - p for m, p in zip(got[k], got["plain"], strict=True)
+        )
     return out
 
 
@@ -192,7 +217,8 @@ def _gpt2(device: str, smoke: bool) -> tuple[nn.Module, Callable[[], None], str]
 
 
 def train(device: str, smoke: bool, steps: int, rounds: int) -> dict[str, Any]:
-    """Step times plain, timed (every module, backward=True) and with memory=True."""
+    """Step times plain, timed (every module, backward=True), with memory=True (the default
+    memory_every) and with memory_every=1."""
     model, step, what = _gpt2(device, smoke)
     timer = Timer(name="memory-train")
     for _ in range(3):
@@ -214,7 +240,10 @@ def train(device: str, smoke: bool, steps: int, rounds: int) -> dict[str, Any]:
         if name == "plain":
             yield
             return
-        with cudatimer.instrument(model, backward=True, memory=name == "memory", timer=timer):
+        # The step before the block is each variant's first (a measured one with memory):
+        # reset() below counts episodes anew, so every block of `steps` steps holds the same
+        # measured steps.
+        with cudatimer.instrument(model, backward=True, timer=timer, **OPTIONS[name]):
             step()
             yield
         timer.summary()
@@ -225,20 +254,34 @@ def train(device: str, smoke: bool, steps: int, rounds: int) -> dict[str, Any]:
             return timed(lambda: 0.0)
 
     times, _ = rotated_rounds({v: (lambda v=v: block(v)) for v in VARIANTS}, rounds)
-    ratios = [m / t for m, t in zip(times["memory"], times["timed"], strict=True)]
-    out: dict[str, Any] = {"what": what, "steps": steps, "rounds": rounds}
+    out: dict[str, Any] = {
+        "what": what,
+        "steps": steps,
+        "rounds": rounds,
+        "memory_every": MEMORY_EVERY,
+    }
     for v in VARIANTS:
         out[f"{v}_ms_median"] = statistics.median(times[v]) * 1e3
-    out["memory_over_timed_median"] = statistics.median(ratios)
-    out["memory_over_timed"] = [round(r, 4) for r in ratios]
+    for v in ("memory", "memory_all"):
+        ratios = [m / t for m, t in zip(times[v], times["timed"], strict=True)]
+        out[f"{v}_over_timed_median"] = statistics.median(ratios)
+        out[f"{v}_over_timed"] = [round(r, 4) for r in ratios]
+        out[f"{v}_added_ms_per_step_median"] = statistics.median(
+            (m - t) * 1e3 for m, t in zip(times[v], times["timed"], strict=True)
+        )
     out["timed_over_plain_median"] = statistics.median(
         t / p for t, p in zip(times["timed"], times["plain"], strict=True)
     )
+    # The rows of `steps` + 1 steps with the default: how many calls each row measured.
     with cudatimer.instrument(model, backward=True, memory=True, timer=timer) as handle:
-        step()
+        for _ in range(steps + 1):
+            step()
         out["modules"] = len(handle)
     s = timer.summary()
-    out["rows_with_memory"] = sum(1 for r in s.regions if "mem_delta" in r.values)
+    measured = [r for r in s.regions if "mem_delta" in r.values]
+    out["rows_with_memory"] = len(measured)
+    out["calls_per_row"] = max((r.calls for r in measured), default=0)
+    out["measured_calls_per_row"] = max((r.values["mem_delta"].count for r in measured), default=0)
     timer.reset()
     return out
 
@@ -257,7 +300,7 @@ def main() -> None:
     bad = set(parts) - {"readers", "region", "train"}
     if bad:
         parser.error(f"--parts: unknown {', '.join(sorted(bad))} (readers, region, train)")
-    steps = int(os.environ.get("CUDATIMER_BENCH_N", "2" if args.smoke else "10"))
+    steps = int(os.environ.get("CUDATIMER_BENCH_N", "2" if args.smoke else str(MEMORY_EVERY)))
     if args.smoke:
         # One intra-op thread: two threads on a loaded 2-core machine wait on each other
         # (a 16-wide linear took 2 ms instead of 10 us in backward_cost.py).
@@ -292,11 +335,15 @@ def main() -> None:
             head = f"{r['modules']} modules, {steps} steps x {args.rounds} rounds"
             print(f"train: {r['what']}; {head}")
             for v in VARIANTS:
-                print(f"  {v:7s} {r[f'{v}_ms_median']:9.3f} ms/step (median)")
+                print(f"  {v:10s} {r[f'{v}_ms_median']:9.3f} ms/step (median)")
             print(
-                f"  memory / timed {r['memory_over_timed_median']:.3f}x (median of rounds; "
-                f"target <= 1.05), timed / plain {r['timed_over_plain_median']:.3f}x; "
-                f"{r['rows_with_memory']} rows with memory values"
+                f"  memory / timed {r['memory_over_timed_median']:.3f}x (memory_every="
+                f"{MEMORY_EVERY}, median of rounds; target <= 1.05; "
+                f"+{r['memory_added_ms_per_step_median']:.3f} ms/step), memory_every=1 / timed "
+                f"{r['memory_all_over_timed_median']:.3f}x "
+                f"(+{r['memory_all_added_ms_per_step_median']:.3f} ms/step), timed / plain "
+                f"{r['timed_over_plain_median']:.3f}x; {r['rows_with_memory']} rows with memory "
+                f"values, {r['measured_calls_per_row']} of {r['calls_per_row']} calls measured"
             )
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -105,6 +105,15 @@ class Allocator(Protocol):
         """Have the history recorded from now on (once); None, or why it cannot be."""
         ...
 
+    def pause(self) -> bool:
+        """Stop recording the history (what it holds is dropped: read it first), if cudatimer
+        turned it on; False (nothing done) when it is the program's own."""
+        ...
+
+    def resume(self) -> None:
+        """Record the history again after ``pause`` (from empty)."""
+        ...
+
     #: Set the calling thread's metadata string: what the allocator puts on its next events.
     tag: Callable[[str], None]
 
@@ -213,7 +222,9 @@ class CudaAllocator:
     ``max_memory_allocated()``.
 
     The history is turned on once, without stack traces, unless the program records it
-    already (then its settings are kept and it is only read). Each event costs the allocator
+    already (then its settings are kept and it is only read, never turned off). Between two
+    measured episodes of ``memory_every`` it is turned off (``pause``; turning it off drops
+    what it holds, so it is read first) and on again (``resume``). Each event costs the allocator
     a ring entry in C++; sizes are the bytes the tensors asked for (before rounding)."""
 
     def __init__(self) -> None:
@@ -222,6 +233,7 @@ class CudaAllocator:
         self._started = False
         self._owned = False  # turned on here: cleared after each read, so none is read twice
         self._stopped: str | None = None
+        self._paused = False  # owned and turned off between measured episodes (``pause``)
         self._last: dict[int, tuple[Any, ...]] = {}  # not owned: the last event read, per device
 
     @property
@@ -268,7 +280,34 @@ class CudaAllocator:
                 self._stopped = f"the allocator's history could not be turned on ({exc})"
         return self._stopped
 
+    def pause(self) -> bool:
+        if not self._owned or self._stopped is not None:
+            return False
+        if not self._paused:
+            self._paused = True
+            try:
+                torch.cuda.memory._record_memory_history(None)
+            except (RuntimeError, TypeError, ValueError) as exc:
+                self._stopped = f"the allocator's history could not be turned off ({exc})"
+        return True
+
+    def resume(self) -> None:
+        if not self._paused or self._stopped is not None:
+            return
+        self._paused = False
+        try:
+            if torch._C._cuda_isHistoryEnabled():
+                # The program turned its own history on meanwhile: read it, change nothing.
+                self._owned = False
+                self._last = {}
+            else:
+                self._record(clear=True)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            self._stopped = f"the allocator's history could not be turned on again ({exc})"
+
     def read(self) -> tuple[dict[int, list[tuple[str, int]]], set[int]]:
+        if self._paused and self._stopped is None:
+            return {}, set()  # off between measured episodes: nothing new, nothing lost
         if self._stopped is None and not torch._C._cuda_isHistoryEnabled():
             self._stopped = (
                 "the program turned the allocator's history off "

@@ -27,13 +27,14 @@ import functools
 import sys
 import weakref
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
 from .._config import DISABLED_AT_IMPORT
 from ..regions._timer import Timer
 from ..regions._wrap import bind_forward, skip_dynamo_frames
-from ..sources import _backward
+from ..sources import _backward, _memory
 
 __all__ = ["Instrumented", "instrument"]
 
@@ -150,6 +151,7 @@ def instrument(
     *,
     backward: bool = False,
     memory: bool = False,
+    memory_every: int | None = None,
     timer: Timer | None = None,
 ) -> Instrumented:
     """Put a region around the forward of ``model`` and of every submodule.
@@ -171,7 +173,9 @@ def instrument(
     mirror the forward tree under ``<Model>.backward`` (``GPT.backward/h.0/attn``; see
     docs/instrument.md for what a module's backward is). ``memory=True`` also measures each
     call's GPU memory (forward rows, and backward rows with ``backward=True``): the columns
-    ``mem_delta`` and ``mem_peak`` (docs/memory.md). ``timer``: default Timer if None.
+    ``mem_delta`` and ``mem_peak`` (docs/memory.md), on one call of the model in
+    ``memory_every`` (default 10; 1: every call) with every call inside it, forward and
+    backward alike. ``timer``: default Timer if None.
 
     >>> import torch, cudatimer
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
@@ -197,7 +201,9 @@ def instrument(
         raise TypeError(f"backward must be a bool, got {type(backward).__name__}")
     if not isinstance(memory, bool):
         raise TypeError(f"memory must be a bool, got {type(memory).__name__}")
-    options = {"memory": True} if memory else {}  # the region options of every row
+    options: dict[str, Any] = {"memory": True} if memory else {}  # every row's region options
+    if memory_every is not None:
+        options["memory_every"] = _memory.check_every(memory_every, memory)
     if timer is None:
         timer = default_timer()
     elif not isinstance(timer, Timer):

@@ -70,6 +70,7 @@ class RegionOptions(TypedDict, total=False):
     every: int | None
     backward: bool | None
     memory: bool | None
+    memory_every: int | None
 
 
 _REGION_OPTIONS = frozenset(RegionOptions.__annotations__)
@@ -299,7 +300,7 @@ class _BackwardRegion(Region):
         name: str = args[1]
         # Under CUDATIMER_DISABLE this region only checks its options (NULL_REGION runs).
         # The backward row measures what the region measures (memory=True: its memory too).
-        same = {probe.option: True for probe in self.probes}
+        same = {k: v for probe in self.probes for k, v in probe.options.items()}
         row = None if DISABLED_AT_IMPORT else timer.region(f"{name}.backward", **same)  # type: ignore[arg-type]
         self.backward_site = None if row is None else _backward.Site(row, (f"{name}.backward",))
         self._seqs = _Seqs()
@@ -515,7 +516,9 @@ class Timer:
         ``with`` block the tensors handed to ``region.backward_from(...)``; see
         docs/instrument.md), ``memory`` (True: also measure each call's GPU memory, the bytes
         it leaves allocated and the most it held while open, columns ``mem_delta`` and
-        ``mem_peak``; its backward row too; see docs/memory.md).
+        ``mem_peak``; its backward row too; see docs/memory.md), ``memory_every`` (with
+        ``memory=True``: measure one call in N of this region when it is the outermost
+        memory region open, with every call inside it; default 10, 1 measures all).
 
         >>> import cudatimer
         >>> t = cudatimer.Timer(name="sampled")
@@ -567,6 +570,7 @@ class Timer:
         every: int | None = None,
         backward: bool | None = None,
         memory: bool | None = None,
+        memory_every: int | None = None,
     ) -> Region:
         """``region`` past its cache: checks the options and makes the region (cached by name
         when ``plain``: no options, or all None)."""
@@ -592,6 +596,7 @@ class Timer:
             every,
             backward,
             memory,
+            memory_every,
         )
         # With CUDATIMER_DISABLE the options are still checked, and the region does nothing.
         return NULL_REGION if DISABLED_AT_IMPORT else made  # type: ignore[no-any-return]
@@ -614,6 +619,7 @@ class Timer:
         every: object = None,
         backward: object = None,
         memory: object = None,
+        memory_every: object = None,
     ) -> Region:
         name = check_name(name)
         if backward is not None and not isinstance(backward, bool):
@@ -624,7 +630,11 @@ class Timer:
             raise TypeError(
                 f"memory must be a bool or None, got {type(memory).__name__} ({memory!r})"
             )
-        probes: tuple[Probe, ...] = (_memory.MEMORY,) if memory else ()
+        if memory_every is not None:
+            every_mem = _memory.check_every(memory_every, memory)
+        probes: tuple[Probe, ...] = ()
+        if memory:
+            probes = (_memory.probe(every_mem) if memory_every is not None else _memory.MEMORY,)
         keys = _check_streams(streams)
         if every is None:
             every = 1

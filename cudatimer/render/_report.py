@@ -32,6 +32,7 @@ __all__ = [
     "folded_ranks",
     "has_memory",
     "mem_mib",
+    "mem_sampled",
     "per_step_note",
     "per_step_title",
     "render",
@@ -231,9 +232,24 @@ COLUMNS: dict[str, tuple[str, _Cell]] = {
     # Memory (memory=True): the mean a call leaves allocated, the highest a call held.
     "mem_delta": ("mem delta MiB", lambda row, _: _mib_cell(mem_mib(row.r, "mem_delta", "mean"))),
     "mem_peak": ("mem peak MiB", lambda row, _: _mib_cell(mem_mib(row.r, "mem_peak", "max"))),
+    # The calls that carry memory values (memory_every=N measures one episode in N).
+    "mem_calls": ("mem calls", lambda row, _: _mem_calls(row.r)),
 }
 #: The columns added to the default ones when some row holds memory values.
 MEMORY_COLUMNS = ("mem_delta", "mem_peak")
+
+
+def _mem_calls(r: RegionStats) -> str:
+    tally = r.values.get("mem_delta")
+    return "-" if tally is None else str(tally.count)
+
+
+def mem_sampled(summary: Summary) -> bool:
+    """True when some row's memory values cover fewer calls than it has (memory_every)."""
+    return any(
+        (t := r.values.get("mem_delta")) is not None and t.count < r.calls for r in summary.regions
+    )
+
 
 _TEXT_COLUMNS = ("region", "clock", "bound")
 _FLAT = (
@@ -308,6 +324,8 @@ def _columns(
             chosen.append("syncs")
         if has_memory(summary):
             chosen += MEMORY_COLUMNS
+            if mem_sampled(summary):
+                chosen.append("mem_calls")
         return chosen
     if isinstance(columns, str) or not isinstance(columns, Sequence):
         raise TypeError(

@@ -12,15 +12,20 @@ records its own events in C++ (``_record_memory_history``, no stack traces) and 
 only puts a number on the calling thread's allocator metadata (one C call), which the
 allocator copies onto every event of that thread after it (``benchmarks/memory_cost.py``
 measures both, and the read: 0.18-0.26 us an event for the replay on the CPU machine).
-When the history is read (about every half ring of events, and by every report) the events
-are replayed in order against the boundaries: a running level, each open call's enter level
-and highest level, a child's highest passed on to the call around it when it closes, so a
-child's peak counts in its parent's and a sibling's never in another's.
+When the history is read (about every half ring of events, at the end of a long measured
+episode, and by every report) the events are replayed in order against the boundaries: a
+running level, each open call's enter level and highest level, a child's highest passed on to
+the call around it when it closes, so a child's peak counts in its parent's and a sibling's
+never in another's.
 
 Events of a thread carry that thread's last boundary number; numbers come from one counter,
 so "an event after boundary k" orders it after every boundary up to k on any thread. Events
 of a thread that has no boundary (another library's worker thread) are counted where they
 fall among the boundaries read so far (docs/memory.md, "Limits").
+
+Sampling (``memory_every``, default ``MEMORY_EVERY``): everything above costs in proportion to
+what is measured, so one episode in N is (docs/design.md, "Memory per region"); between a
+long measured episode and the next the history is turned off.
 
 The byte counts are those the allocator's events carry: the sizes tensors asked for, before
 the allocator rounds each one up to a multiple of 512 bytes (and, for large blocks, sometimes
@@ -34,6 +39,7 @@ import contextlib
 import itertools
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -46,13 +52,17 @@ from ..records._values import Column, register
 
 __all__ = [
     "MEMORY",
+    "MEMORY_EVERY",
     "MEM_DELTA",
     "MEM_PEAK",
+    "PAUSE_AFTER_S",
     "TRACKER",
     "MemoryCalls",
     "MemoryProbe",
     "Tracker",
+    "check_every",
     "oom_error",
+    "probe",
 ]
 
 #: The two value columns (``records/_values.py``): fields ``mem_delta_mean_bytes``,
@@ -74,6 +84,23 @@ _PREFIX_LEN = len(_PREFIX)
 # once, and a full ring may have wrapped).
 _FIRST_READ = 512
 _MIN_READ, _MAX_READ = 64, 1 << 20
+#: ``memory_every``'s default: one episode in this many is measured, per outermost region (an
+#: episode: from a memory region's call opening while none is open, on any thread, until none
+#: is open again; each call inside it is measured with it, or not). On the H200 measuring every
+#: call of a 12-layer GPT-2 b8x512 bf16 training step (163 modules, forward and backward rows,
+#: ~650 boundaries) cost 8.1 ms over the 51.7 ms timed step (1.159x): the history read is
+#: ~1.8 us an event and a boundary's mark 3.3 us, both proportional to what is measured. One
+#: step in 10 is ~0.9 ms a step (~1.017x), plus the short path of the boundaries not measured
+#: (``Tracker.skip``: 2.5-6.8 us a call on the loaded CPU machine against 5.0-13.5 us
+#: measured; ~1-2 us expected on the H200 host, ~0.5 ms a step): ~1.02-1.04x in all against the
+#: target 1.05x (benchmarks/memory_cost.py). The first episode of each region is measured.
+MEMORY_EVERY = 10
+#: A measured episode that lasted this long (host seconds) has its events read at its end and
+#: the history turned off until the next measured one, so the episodes between record nothing
+#: (each event recorded would cost ~1.8 us to read back). A shorter episode leaves the history
+#: on: turning it off and on and reading it (~0.1-1 ms with the segments a snapshot lists)
+#: would cost more than a few short episodes' events.
+PAUSE_AFTER_S = 0.002
 _is_compiling: Callable[[], bool] = getattr(
     getattr(torch, "compiler", None), "is_compiling", lambda: False
 )
@@ -86,6 +113,26 @@ _OOM: tuple[type[BaseException], ...] = tuple(
     if isinstance(t, type)
 )
 _OOM_HEAD = "cudatimer: memory regions open at this out-of-memory error"
+
+
+def check_every(memory_every: object, memory: object) -> int:
+    """``memory_every`` as given to a region (None: ``MEMORY_EVERY``), checked."""
+    if memory_every is None:
+        return MEMORY_EVERY
+    if isinstance(memory_every, bool) or not isinstance(memory_every, int):
+        raise TypeError(
+            "memory_every must be an int N >= 1 (measure one episode in N) or None, got "
+            f"{type(memory_every).__name__} ({memory_every!r})"
+        )
+    if memory_every < 1:
+        raise ValueError(
+            f"memory_every must be >= 1 (memory_every=1 measures every call), got {memory_every}"
+        )
+    if not memory:
+        raise ValueError(
+            f"memory_every={memory_every} needs memory=True (it samples the memory columns)"
+        )
+    return int(memory_every)
 
 
 def oom_error(exc: BaseException | None) -> bool:
@@ -139,9 +186,16 @@ def _no_tag(text: str) -> None:
     """No allocator to mark (never called while one is read)."""
 
 
+#: The call of a memory region counted in its episode and not measured (the episode is not
+#: sampled, no allocator, or a kind that records no sample).
+_SKIPPED = _Call.__new__(_Call)
+
+
 class _Local(threading.local):
     def __init__(self) -> None:
-        self.stack: list[tuple[Any, _Call | None]] = []  # (region, its call) of open `with`s
+        # The open `with`s of memory regions on this thread: (region, its call, _SKIPPED, or
+        # None when not counted in an episode).
+        self.stack: list[tuple[Any, _Call | None]] = []
 
 
 class Tracker:
@@ -166,7 +220,22 @@ class Tracker:
         self._since = 0  # boundaries since the last read
         self._due = _FIRST_READ
         self._reading = False
-        self._detached: dict[int, _Call | None] = {}  # id(token) -> call of detached calls
+        self._detached: dict[int, _Call] = {}  # id(token) -> call of detached calls
+        # Episodes (``MEMORY_EVERY``): the memory calls open now on every thread, whether the
+        # episode they form is measured, its memory_every, when it began (host s), and
+        # whether the history was turned off after the last measured one. A reentrant lock,
+        # taken at each boundary (~0.1 us), renewed in a forked child: a read under it may
+        # run the garbage collector, whose finalizers can close a backward row (``_backward``
+        # flushes a graph task's rows when its guard is collected) on this thread.
+        self._mutex = threading.RLock()
+        self._depth = 0
+        self._measuring = True
+        self._every = 1
+        self._began = 0.0
+        self._paused = False
+        #: True while an episode that is not measured is open: a call then takes ``skip``
+        #: (read without the mutex; ``skip`` checks again under it).
+        self.skipping = False
 
     # -- the allocator ----------------------------------------------------------------------
     def allocator(self) -> _device.Allocator | None:
@@ -204,21 +273,105 @@ class Tracker:
             self._since = 0
             self._due = _FIRST_READ
             self.broken = None
+            self._paused = False
         return alloc
 
     # -- boundaries (a memory region's enter and exit) ---------------------------------------
-    def opened(self, call: _Call) -> None:
+    def begin(self, calls: MemoryCalls, frame: Any, every: int) -> _Call:
+        """A memory region's call opens (``frame``: just pushed by its enter): the call to
+        measure, or ``_SKIPPED``. Every call returned must reach ``end``. The first call of
+        an episode decides for the whole episode: one in ``every`` of each region's
+        episodes is measured, counted per region (``calls.episodes``)."""
+        with self._mutex:
+            depth = self._depth
+            self._depth = depth + 1
+            if depth == 0:
+                measuring = self._measuring = self._start(calls, frame.slot, every)
+                self.skipping = not measuring
+            else:
+                measuring = self._measuring
+        if not measuring:
+            calls.unsampled += 1
+            return _SKIPPED
+        call = calls.call(frame)
+        if call is None:
+            return _SKIPPED
         k = next(self._seq)
         self._tag(f"{_PREFIX}{k}")
         self._pending.append((k, call, True))
+        return call
 
-    def closed(self, call: _Call) -> None:
+    def _start(self, calls: MemoryCalls, slot: int, every: int) -> bool:
+        """An episode begins (the mutex held): measured or not; a measured one turns the
+        history back on if it was turned off after the last."""
+        n = calls.episodes.get(slot, 0)
+        calls.episodes[slot] = n + 1
+        alloc = self.allocator()
+        if alloc is None:
+            return True  # nothing to skip: each call counts as one without an allocator
+        self._every = every
+        if n % every:
+            calls.every.add(every)
+            return False
+        self._began = time.perf_counter()
+        if self._paused:
+            self._paused = False
+            try:
+                alloc.resume()
+            except Exception as exc:  # never an error in the program's region enter
+                self.broken = f"the allocator's history could not be turned on again: {exc}"
+        return True
+
+    def skip(self, region: Any) -> bool:
+        """A memory region's call opens inside an episode not measured: counted in it, and
+        pushed as ``_SKIPPED`` (~1 us with its exit, against ~4 us through ``begin``). False
+        (nothing done) when that episode has ended meanwhile."""
+        with self._mutex:
+            if not self.skipping:
+                return False
+            self._depth += 1
+        self._local.stack.append((region, _SKIPPED))
+        region.timer.recorder.memory.unsampled += 1
+        return True
+
+    def end(self, call: _Call) -> None:
+        """The call ``begin`` returned closes (its values come at a later read); the last
+        call of a measured episode that lasted ``PAUSE_AFTER_S`` or more has the history
+        read and turned off until the next measured episode."""
+        if call is _SKIPPED:
+            with self._mutex:
+                depth = self._depth - 1 if self._depth > 0 else 0
+                self._depth = depth
+                if depth == 0:
+                    self.skipping = False
+            return
         k = next(self._seq)
         self._tag(f"{_PREFIX}{k}")
         self._pending.append((k, call, False))
         self._since += 1
         if self._since >= self._due and not self._reading:
             self.read()
+        done: list[tuple[_Call, int, int]] = []
+        with self._mutex:
+            depth = self._depth - 1 if self._depth > 0 else 0
+            self._depth = depth
+            if depth:
+                return
+            self.skipping = False
+            if not self._measuring or self._every == 1 or self._paused or self._reading:
+                return
+            alloc = self._alloc
+            if alloc is None or alloc is not _device.allocator() or self.broken is not None:
+                return
+            if time.perf_counter() - self._began < PAUSE_AFTER_S:
+                return
+            # Under the mutex: no episode can begin between the read and the pause.
+            self._collect(done)
+            try:
+                self._paused = alloc.pause()
+            except Exception as exc:  # never an error in the program's region exit
+                self.broken = f"the allocator's history could not be turned off: {exc}"
+        _deliver(done)
 
     def push(self, region: Any, call: _Call | None) -> None:
         self._local.stack.append((region, call))
@@ -237,14 +390,35 @@ class Tracker:
     def take_detached(self, token: Any) -> _Call | None:
         return self._detached.pop(id(token), None) if token is not None else None
 
+    def skipped_here(self) -> list[tuple[Any, int, int]]:
+        """(MemoryCalls, slot, memory_every) of the calls open on this thread that were not
+        measured because their episode is not, outermost first."""
+        if self._measuring:
+            return []
+        out = []
+        for region, call in self._local.stack:
+            if call is not _SKIPPED:
+                continue
+            rec = region.timer.recorder
+            for frame in reversed(rec.store.stack().frames()):
+                if frame.region is region:
+                    out.append((rec.memory, frame.slot, self._every))
+                    break
+        return out
+
     # -- reading the history ----------------------------------------------------------------
     def read(self) -> None:
         """Read the allocator's new events and replay them with the boundaries set so far;
         the calls that ended get their values."""
+        done: list[tuple[_Call, int, int]] = []
+        self._collect(done)
+        _deliver(done)
+
+    def _collect(self, done: list[tuple[_Call, int, int]]) -> None:
+        """``read`` up to the values, kept in ``done`` (no recorder's lock taken)."""
         alloc = self._alloc
         if alloc is None or alloc is not _device.allocator():
             return
-        done: list[tuple[_Call, int, int]] = []
         with self._lock:
             self._reading = True
             try:
@@ -258,17 +432,6 @@ class Tracker:
                 self._replay(batch, events, lost, done)
             finally:
                 self._reading = False
-        # Outside the lock (each recorder's values take its own), one batch per recorder.
-        batches: dict[int, tuple[Any, list[Any]]] = {}
-        for call, delta, peak in done:
-            values = call.calls.host.values
-            batch_of = batches.get(id(values))
-            if batch_of is None:
-                batch_of = batches[id(values)] = (values, [])
-            row = (("mem_delta", delta), ("mem_peak", peak))
-            batch_of[1].append((call.slot, call.gen, call.row, call.step, row))
-        for values, calls in batches.values():
-            values.add_each(calls)
 
     def _replay(
         self,
@@ -381,6 +544,26 @@ class Tracker:
         self._detached = {}
         self._local = _Local()
         self._reading = False
+        self._mutex = threading.RLock()
+        self._depth = 0
+        self._measuring = True
+        self._paused = False
+        self.skipping = False
+
+
+def _deliver(done: list[tuple[_Call, int, int]]) -> None:
+    """The values of the calls a read closed, to their recorders: outside the tracker's locks
+    (each recorder's values take its own), one batch per recorder."""
+    batches: dict[int, tuple[Any, list[Any]]] = {}
+    for call, delta, peak in done:
+        values = call.calls.host.values
+        batch_of = batches.get(id(values))
+        if batch_of is None:
+            batch_of = batches[id(values)] = (values, [])
+        row = (("mem_delta", delta), ("mem_peak", peak))
+        batch_of[1].append((call.slot, call.gen, call.row, call.step, row))
+    for values, calls in batches.values():
+        values.add_each(calls)
 
 
 def _first(b: tuple[int, _Call, bool]) -> int:
@@ -442,7 +625,7 @@ class MemoryCalls:
     """This source's state for one recorder (``Recorder.memory``): the calls it measured
     without values, and the notes for its report (``Source``)."""
 
-    __slots__ = ("host", "lost", "oom", "unmeasured", "why")
+    __slots__ = ("episodes", "every", "host", "lost", "oom", "unmeasured", "unsampled", "why")
 
     def __init__(self, host: Any) -> None:
         self.host = host  # the Recorder: store, tree, values
@@ -450,6 +633,11 @@ class MemoryCalls:
         self.why: str | None = None
         self.lost = 0
         self.oom: str | None = None  # the note of the last out-of-memory error in its regions
+        # Episodes begun per slot of their first call (``Tracker.begin``); calls of episodes
+        # not measured; the memory_every values of the episodes that skipped some.
+        self.episodes: dict[int, int] = {}
+        self.unsampled = 0
+        self.every: set[int] = set()
 
     def call(self, frame: Any) -> _Call | None:
         """The call to measure for ``frame`` (just pushed by its region's enter), or None:
@@ -496,6 +684,14 @@ class MemoryCalls:
                 f"{self.lost} call(s) have none because the allocator's history lost events "
                 "between two reads (its ring overflowed, or the program cleared it)"
             )
+        if self.unsampled:
+            every = ", ".join(str(n) for n in sorted(self.every)) or str(MEMORY_EVERY)
+            parts.append(
+                f"sampled: one call in memory_every={every} of each outermost memory region "
+                "is measured with every call inside it (the first one always); "
+                f"{self.unsampled} call(s) were not, and 'mem calls' counts those that were "
+                "(memory_every=1 measures all)"
+            )
         if parts:
             out.append(("memory_note", "memory columns: " + "; ".join(parts)))
         if self.oom is not None:
@@ -507,49 +703,60 @@ class MemoryCalls:
         self.why = None
         self.lost = 0
         self.oom = None
+        self.episodes = {}
+        self.unsampled = 0
+        self.every = set()
 
 
 class MemoryProbe:
-    """What ``memory=True`` adds around each call of a region (``sources._source.Probe``)."""
+    """What ``memory=True`` adds around each call of a region (``sources._source.Probe``),
+    measuring one episode in ``every`` (``memory_every``)."""
+
+    __slots__ = ("every", "options")
 
     option = "memory"
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        #: The region options that made it: a region's backward row gets the same.
+        self.options: dict[str, Any] = {"memory": True, "memory_every": every}
 
     def enter(self, region: Any) -> None:
         if _is_compiling():
             return
+        tracker = TRACKER
+        if tracker.skipping and tracker.skip(region):
+            return
         rec = region.timer.recorder
         top = rec.store.stack().top()
-        call = None
         if top is not None and top.region is region:
-            call = rec.memory.call(top)
-            if call is not None:
-                TRACKER.opened(call)
-        TRACKER.push(region, call)
+            tracker.push(region, tracker.begin(rec.memory, top, self.every))
+        else:
+            tracker.push(region, None)
 
     def exit(self, region: Any, exc: BaseException | None) -> None:
         if _is_compiling():
             return
+        if exc is not None and oom_error(exc):
+            note_oom(exc)  # with this call still open
         call = TRACKER.pop(region)
         if call is not None:
-            if exc is not None and oom_error(exc):
-                note_oom(exc)
-            call.step = call.calls.host.store.step
-            TRACKER.closed(call)
+            if call is not _SKIPPED:
+                call.step = call.calls.host.store.step
+            TRACKER.end(call)
 
     def opened(self, region: Any, token: Any) -> None:
         """A detached call of ``region`` (a backward row, a coroutine) opened as ``token``."""
         if token is None or _is_compiling():
             return
-        call = region.timer.recorder.memory.call(token)
-        if call is not None:
-            TRACKER.opened(call)
-            TRACKER.keep_detached(token, call)
+        TRACKER.keep_detached(token, TRACKER.begin(region.timer.recorder.memory, token, self.every))
 
     def closed(self, region: Any, token: Any) -> None:
         call = TRACKER.take_detached(token)
         if call is not None:
-            call.step = call.calls.host.store.step
-            TRACKER.closed(call)
+            if call is not _SKIPPED:
+                call.step = call.calls.host.store.step
+            TRACKER.end(call)
 
     def detached(
         self, region: Any, open_: Callable[[], Any], close: Callable[[Any], None]
@@ -570,8 +777,19 @@ class MemoryProbe:
         return measured_open, measured_close
 
 
-#: The probe of ``memory=True``.
-MEMORY = MemoryProbe()
+_PROBES: dict[int, MemoryProbe] = {}
+
+
+def probe(every: int) -> MemoryProbe:
+    """The probe of ``memory=True, memory_every=every`` (one per value)."""
+    made = _PROBES.get(every)
+    if made is None:
+        made = _PROBES.setdefault(every, MemoryProbe(every))
+    return made
+
+
+#: The probe of ``memory=True`` with the default ``memory_every``.
+MEMORY = probe(MEMORY_EVERY)
 
 
 def note_oom(exc: BaseException) -> None:
@@ -599,6 +817,19 @@ def note_oom(exc: BaseException) -> None:
             devices.append(dev)
         if call.calls not in recorders:
             recorders.append(call.calls)
+    for calls, slot, every in TRACKER.skipped_here():
+        # Inside an episode that is not measured: named, with no bytes of its own.
+        try:
+            path = str(calls.host.tree.path(slot))
+        except KeyError:
+            path = "?"
+        parts.append(f"{path} (not measured in this call: memory_every={every})")
+        if calls not in recorders:
+            recorders.append(calls)
+        if _device.usable():
+            dev = _device.current_key()[1]
+            if dev not in devices:
+                devices.append(dev)
     if not parts:
         return
     alloc = TRACKER.allocator()

@@ -56,8 +56,10 @@ class Probe(Protocol):
     adds around the call. Decided when the region is made (``Region.probes``): a region
     without probes runs its enter and exit as before, nothing tested per call."""
 
-    #: The region option that adds it (a region's backward row gets it too).
+    #: The region option that adds it.
     option: str
+    #: The region options that made it (a region's backward row gets them too).
+    options: dict[str, Any]
 
     def enter(self, region: Any) -> None:
         """After the region's own enter: its frame is the top of the thread's stack."""

@@ -658,5 +658,10 @@ def test_memory_cost_runs_its_smoke_mode_on_the_cpu(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "m.json").read_text())
     assert doc["readers"]["history_read_us_per_event"] > 0
     assert doc["region"]["memory_us_per_region"] > 0
-    assert doc["train"]["rows_with_memory"] == 2 * doc["train"]["modules"]  # forward + backward
+    assert doc["region"]["skipped_us_per_region"] > 0  # a call in an episode not measured
+    train = doc["train"]
+    assert train["rows_with_memory"] == 2 * train["modules"]  # forward + backward
+    assert train["memory_every"] >= 1 and train["memory_all_over_timed_median"] > 0
+    # steps + 1 = 2 steps: the first measured, the second not (memory_every > 1)
+    assert (train["measured_calls_per_row"], train["calls_per_row"]) == (1, 2)
     assert "memory / timed" in out.stdout

@@ -211,9 +211,14 @@ class FakeAllocator:
 
     ``why``: set it to a reason to make the allocator unusable; ``lose``: devices whose next
     read reports lost events; ``capacity``: bytes a device holds (an allocation past it raises
-    torch.OutOfMemoryError, as the real allocator does)."""
+    torch.OutOfMemoryError, as the real allocator does). ``pause`` turns the history off
+    (events then are not recorded, what it held is dropped) and ``resume`` on again, as
+    ``_record_memory_history`` does; ``owned = False`` makes it the program's own history,
+    which cudatimer never turns off."""
 
-    ring: int | None = 65536
+    @property
+    def ring(self) -> int | None:
+        return 65536 if self.owned else None
 
     def __init__(self, gpu: FakeGPU) -> None:
         self.gpu = gpu
@@ -226,6 +231,11 @@ class FakeAllocator:
         self.tags = 0  # boundaries marked
         self.reads = 0
         self.starts = 0
+        self.owned = True
+        self.recording = False  # the history is recorded (start, resume; not after pause)
+        self.pauses = 0
+        self.resumes = 0
+        self.recorded = 0  # events the history recorded
         #: Called after each boundary's mark, before cudatimer keeps the boundary (a test
         #: reads the history there, as another thread might).
         self.on_tag: Callable[[], None] | None = None
@@ -235,7 +245,20 @@ class FakeAllocator:
 
     def start(self) -> str | None:
         self.starts += 1
+        self.recording = True
         return None
+
+    def pause(self) -> bool:
+        if not self.owned:
+            return False
+        self.pauses += 1
+        self.recording = False
+        self.events = {}
+        return True
+
+    def resume(self) -> None:
+        self.resumes += 1
+        self.recording = True
 
     def tag(self, text: str) -> None:
         self.tags += 1
@@ -245,6 +268,9 @@ class FakeAllocator:
 
     def _event(self, device: int, nbytes: int) -> None:
         self.level[device] = self.level.get(device, 0) + nbytes
+        if not self.recording and self.owned:
+            return
+        self.recorded += 1
         meta = getattr(self.local, "meta", "")
         self.events.setdefault(device, []).append((meta, nbytes))
 

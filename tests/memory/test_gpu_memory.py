@@ -1,7 +1,9 @@
 """Memory per region on a CUDA device: the truth checks (bytes kept, a temporary's peak, the
 top region's peak against the allocator's own high-water mark, the storages a module keeps
 for its backward), backward rows and activation checkpointing, an out-of-memory error's
-note, no synchronisation added, and the program's own allocator statistics untouched."""
+note, no synchronisation added, the program's own allocator statistics untouched, and
+memory_every's episodes (the history turned off between long measured ones, or left on after
+short ones) reading the same bytes."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from torch.utils.checkpoint import checkpoint
 
 import cudatimer
 from cudatimer import Timer
+from cudatimer.records._values import Tally
+from cudatimer.sources import _memory
 from tests.hard_cases.test_gpu_core import count_runtime_calls
 
 pytestmark = pytest.mark.gpu
@@ -201,16 +205,23 @@ def test_out_of_memory_names_the_open_regions() -> None:
     assert "out-of-memory" in t.report(file=io.StringIO())
 
 
-def test_memory_regions_add_no_synchronisation() -> None:
+@pytest.mark.parametrize("pause_after_s", [0.0, 1e9])
+def test_memory_regions_add_no_synchronisation(
+    monkeypatch: pytest.MonkeyPatch, pause_after_s: float
+) -> None:
     """The same loop with memory=True regions (and a read of the history in the middle) makes
-    as many synchronising runtime calls as without cudatimer."""
+    as many synchronising runtime calls as without cudatimer: every call measured, and one
+    step in memory_every with the history turned off after each measured step (0.0) or left
+    on (1e9)."""
+    monkeypatch.setattr(_memory, "PAUSE_AFTER_S", pause_after_s)
     t = Timer(name="nosync")
     x = torch.randn(256, 256, device="cuda")
     layers = [torch.nn.Linear(256, 256).cuda() for _ in range(8)]
-    regions = [t.region(f"layer{i}", memory=True) for i in range(8)]
+    regions = [t.region(f"layer{i}", memory=True, memory_every=1) for i in range(8)]
+    step = t.region("step", memory=True)
 
     def plain() -> None:
-        for _ in range(50):
+        for _ in range(100):
             y = x
             for layer in layers:
                 y = torch.nn.functional.gelu(layer(y))
@@ -221,6 +232,12 @@ def test_memory_regions_add_no_synchronisation() -> None:
             for layer, region in zip(layers, regions, strict=True):
                 with region:
                     y = torch.nn.functional.gelu(layer(y))
+        for _ in range(50):  # sampled steps around the same regions
+            with step:
+                y = x
+                for layer, region in zip(layers, regions, strict=True):
+                    with region:
+                        y = torch.nn.functional.gelu(layer(y))
         t.recorder.memory.drain(0.0)  # the history read, inside the counted block
 
     plain(), measured()
@@ -229,7 +246,10 @@ def test_memory_regions_add_no_synchronisation() -> None:
     with_memory = count_runtime_calls(measured)
     for name in SYNC_CALLS:
         assert with_memory.get(name, 0) == base.get(name, 0), (name, with_memory, base)
-    assert t.summary()["layer0"].values["mem_delta"].count == 100
+    s = t.summary()
+    assert s["layer0"].values["mem_delta"].count == 100
+    assert s["step"].values["mem_delta"].count == 100 // _memory.MEMORY_EVERY
+    assert s["step/layer0"].values["mem_delta"].count == 100 // _memory.MEMORY_EVERY
 
 
 def test_the_program_s_peak_is_untouched() -> None:
@@ -261,3 +281,33 @@ def test_the_program_s_peak_is_untouched() -> None:
         work()
     t.summary()
     assert torch.cuda.max_memory_allocated() == high  # not reset by the regions or the read
+
+
+@pytest.mark.parametrize("long_steps", [True, False])
+def test_sampled_episodes_read_the_same_bytes(
+    monkeypatch: pytest.MonkeyPatch, long_steps: bool
+) -> None:
+    """The default memory_every: steps 0 and N of 2N measured, each with exactly the bytes it
+    kept, though the steps between keep memory too. After a long measured step (every step
+    counts as long with PAUSE_AFTER_S = 0) the history is off until the next measured one;
+    after a short one it stays on."""
+    monkeypatch.setattr(_memory, "PAUSE_AFTER_S", 0.0 if long_steps else 1e9)
+    every = _memory.MEMORY_EVERY
+    t = Timer(name=f"sampled-{long_steps}")
+    kept = []
+    on_between = []
+    for i in range(2 * every):
+        with t.region("step", memory=True):
+            kept.append(torch.empty((i + 1) * MiB, dtype=torch.uint8, device="cuda"))
+            with t.region("inner", memory=True):
+                tmp = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
+                del tmp
+            if i % every:
+                on_between.append(torch._C._cuda_isHistoryEnabled())
+    s = t.summary()
+    assert s["step"].values["mem_delta"] == Tally.of([MiB, (every + 1) * MiB])
+    assert s["step"].values["mem_peak"] == Tally.of([5 * MiB, (every + 5) * MiB])
+    assert s["step/inner"].values["mem_peak"] == Tally.of([4 * MiB, 4 * MiB])
+    assert s["step"].calls == 2 * every
+    assert on_between == [not long_steps] * (2 * every - 2)
+    del kept

@@ -93,7 +93,7 @@ def test_calls_fold_into_mean_and_max(gpu: FakeGPU) -> None:
     """Three calls keeping 1, 2 and 6 MiB: count 3, mean 3 MiB, max 6 MiB."""
     t = Timer(name="fold")
     for n in (1, 2, 6):
-        with t.region("step", memory=True):
+        with t.region("step", memory=True, memory_every=1):
             gpu.memory.alloc(n * MiB)
     delta, _ = _mem(t, "step")
     assert (delta.count, delta.mean, delta.max) == (3, 3.0 * MiB, 6.0 * MiB)
@@ -159,7 +159,7 @@ def test_instrument_measures_forward_and_backward_rows(gpu: FakeGPU) -> None:
     _Keep.mem = gpu.memory
     t = Timer(name="instrumented")
     net = _Net()
-    with cudatimer.instrument(net, backward=True, memory=True, timer=t):
+    with cudatimer.instrument(net, backward=True, memory=True, memory_every=1, timer=t):
         for _ in range(2):
             net(torch.ones(2)).sum().backward()
     s = t.summary()
@@ -199,7 +199,7 @@ def test_every_decorated_form_is_measured(gpu: FakeGPU) -> None:
     def fn() -> None:
         mem.alloc(MiB)
 
-    @t.timed(name="gen", memory=True)
+    @t.timed(name="gen", memory=True, memory_every=1)
     def gen() -> Iterator[int]:
         mem.alloc(2 * MiB)
         yield 1
@@ -242,9 +242,9 @@ def test_every_decorated_form_is_measured(gpu: FakeGPU) -> None:
 
 
 def test_every_call_of_a_sampled_region_is_measured(gpu: FakeGPU) -> None:
-    """every=4: one call in four timed, all four measured (memory does not sample)."""
+    """every=4: one call in four timed, all four measured (memory_every=1)."""
     t = Timer(name="sampled")
-    region = t.region("hot", every=4, memory=True)
+    region = t.region("hot", every=4, memory=True, memory_every=1)
     for _ in range(4):
         with region:
             gpu.memory.alloc(MiB)
@@ -255,7 +255,7 @@ def test_a_window_keeps_each_call_in_the_step_it_ended_in(gpu: FakeGPU) -> None:
     """Values read from the history after the steps still land in their own steps."""
     t = Timer(name="window")
     for n in (1, 2, 3):
-        with t.region("step", memory=True):
+        with t.region("step", memory=True, memory_every=1):
             gpu.memory.temp(n * MiB)
         t.step()
     assert gpu.memory.reads == 0  # nothing read yet: all three are read at the summary
@@ -267,7 +267,7 @@ def test_a_window_keeps_each_call_in_the_step_it_ended_in(gpu: FakeGPU) -> None:
 def test_the_history_is_read_while_running_not_only_at_reports(gpu: FakeGPU) -> None:
     """After enough calls the history is read at a region's exit (the ring never fills)."""
     t = Timer(name="periodic")
-    region = t.region("r", memory=True)
+    region = t.region("r", memory=True, memory_every=1)
     for _ in range(2000):
         with region:
             gpu.memory.temp(512)
@@ -339,7 +339,7 @@ def test_lost_events_leave_the_calls_without_values_and_say_so(gpu: FakeGPU) -> 
     """A read that reports lost events: the calls it covers get no values, a note counts them;
     calls after it are measured again."""
     t = Timer(name="lost")
-    with t.region("r", memory=True):
+    with t.region("r", memory=True, memory_every=1):
         gpu.memory.alloc(MiB)
     gpu.memory.lose = {0}
     first = t.summary()
@@ -348,7 +348,7 @@ def test_lost_events_leave_the_calls_without_values_and_say_so(gpu: FakeGPU) -> 
         "1 call(s) have none because the allocator's history lost events"
         in dict(first.meta)["memory_note"]
     )
-    with t.region("r", memory=True):
+    with t.region("r", memory=True, memory_every=1):
         gpu.memory.alloc(2 * MiB)
     assert _mem(t, "r")[0] == Tally.of([2 * MiB])
 
