@@ -150,6 +150,7 @@ def instrument(
     *,
     backward: bool = False,
     memory: bool = False,
+    flops: bool = False,
     timer: Timer | None = None,
 ) -> Instrumented:
     """Put a region around the forward of ``model`` and of every submodule.
@@ -171,7 +172,9 @@ def instrument(
     mirror the forward tree under ``<Model>.backward`` (``GPT.backward/h.0/attn``; see
     docs/instrument.md for what a module's backward is). ``memory=True`` also measures each
     call's GPU memory (forward rows, and backward rows with ``backward=True``): the columns
-    ``mem_delta`` and ``mem_peak`` (docs/memory.md). ``timer``: default Timer if None.
+    ``mem_delta`` and ``mem_peak`` (docs/memory.md). ``flops=True`` also counts each forward
+    call's FLOPs once per input signature, for the columns ``TFLOP/s`` and ``MFU``
+    (docs/flops.md). ``timer``: default Timer if None.
 
     >>> import torch, cudatimer
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
@@ -197,7 +200,11 @@ def instrument(
         raise TypeError(f"backward must be a bool, got {type(backward).__name__}")
     if not isinstance(memory, bool):
         raise TypeError(f"memory must be a bool, got {type(memory).__name__}")
+    if not isinstance(flops, bool):
+        raise TypeError(f"flops must be a bool, got {type(flops).__name__}")
     options = {"memory": True} if memory else {}  # the region options of every row
+    if flops:
+        options["flops"] = True
     if timer is None:
         timer = default_timer()
     elif not isinstance(timer, Timer):
