@@ -476,6 +476,14 @@ def _sig(x: Any, depth: int = 0) -> Any:
         return tuple(_sig(v, depth + 1) for v in x)
     if isinstance(x, dict) and depth < 2 and len(x) <= 16:
         return tuple((k, _sig(v, depth + 1)) for k, v in x.items())
+    # A key-value cache (Hugging Face's Cache classes): the FLOPs of attention over it
+    # follow its length (a decode step's changes every token, and is then sampled).
+    length = getattr(type(x), "get_seq_length", None)
+    if length is not None:
+        try:
+            return (type(x), int(length(x)))
+        except Exception:  # a cache that cannot say: not read
+            raise _Unknown from None
     raise _Unknown
 
 
