@@ -37,6 +37,7 @@ from ..records._records import RegionStats, Summary
 from ._gate import DEFAULT_STAT, compare_sides
 from ._report import (
     COMPARE_STATS,
+    FLOP_COLUMNS,
     MEMORY_COLUMNS,
     TREE_LEVELS,
     analyse,
@@ -286,6 +287,8 @@ def _compare(
     rows = compared(base, new, stat=stat, tolerance=tolerance, labels=labels)
     unit = compare_unit(stat)
     kind = "x2" if stat in MEMORY_COLUMNS else "ms"  # MiB with 2 decimals, or ms
+    if stat in FLOP_COLUMNS:  # achieved TFLOP/s (3 digits), MFU (a %)
+        kind = "pct" if stat == "mfu" else "g3"
     columns = [
         ("region", "region", "text"),
         ("clock", "clock", "text"),
