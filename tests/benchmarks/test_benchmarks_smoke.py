@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import torch
 
+from tests.helpers.extras import needs
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 COMPARE = BENCH / "compare.py"  # the comparison with other timers
@@ -665,7 +667,7 @@ def test_memory_cost_runs_its_smoke_mode_on_the_cpu(tmp_path: Path) -> None:
 def test_flops_cost_runs_its_smoke_mode_on_the_cpu(tmp_path: Path) -> None:
     """flops_cost.py --smoke counts a tiny GPT-2 step (within 2% of 6ND + 12Lbs^2d), times
     plain / timed / flops rounds, and writes the figures and the per-layer table."""
-    pytest.importorskip("transformers")
+    needs("transformers")
     env = {**os.environ, "CUDATIMER_BENCH_N": "1"}
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "flops_cost.py"), "--smoke",
