@@ -22,13 +22,13 @@ import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from ..core import _core, _device
-from ..records._records import StepStats
+from ..records._records import StepStats, step_flops
 
 if TYPE_CHECKING:
     from ..regions._timer import Timer
@@ -72,12 +72,20 @@ class StepTimes:
 
     step: int
     rows: tuple[Row, ...]
+    #: flops=True rows: (path, clock) -> (FLOP, TFLOP/s or None, MFU or None) of the step.
+    flops: Mapping[tuple[str, str], tuple[float | None, float | None, float | None]] = field(
+        default_factory=dict
+    )
 
     @cached_property
     def regions(self) -> tuple[StepStats, ...]:
         """The rows as ``StepStats`` records (built when first read)."""
         step = self.step
-        return tuple(StepStats(step, *row) for row in self.rows)
+        flops = self.flops
+        if not flops:
+            return tuple(StepStats(step, *row) for row in self.rows)
+        none = (None, None, None)
+        return tuple(StepStats(step, *row, *flops.get((row[0], row[1]), none)) for row in self.rows)
 
     def scalars(self, prefix: str = "cudatimer/") -> dict[str, float]:
         """``{prefix}{region path}/gpu_ms`` (CUDA clocks) and ``.../cpu_ms`` (every clock):
@@ -94,6 +102,12 @@ class StepTimes:
             if gpu_ms is not None:
                 out[f"{key}/gpu_ms"] = gpu_ms
             out[f"{key}/cpu_ms"] = cpu_ms
+            counted = self.flops.get((name, clock)) if self.flops else None
+            if counted is not None:  # flops=True: per-step achieved rate and MFU
+                if counted[1] is not None:
+                    out[f"{key}/tflop_per_s"] = counted[1]
+                if counted[2] is not None:
+                    out[f"{key}/mfu"] = counted[2]
         return out
 
 
@@ -334,10 +348,33 @@ class StepFeed:
             clock = _CLOCKS.get(dev) or _CLOCKS.setdefault(dev, f"cuda:{dev}")
             item = (name, clock, n, gpu_ms, cpu[0] if n == 1 else fsum(cpu))
             per_step[row.step].append((rank.get(slot, len(rank)), dev, item))
+        flops = self._flops(first, stop, per_step)
         return [
-            StepTimes(step, tuple(r for _, _, r in sorted(items, key=_order)))
+            StepTimes(step, tuple(r for _, _, r in sorted(items, key=_order)), flops.get(step, {}))
             for step, items in per_step.items()
         ]
+
+    def _flops(
+        self, first: int, stop: int, per_step: dict[int, list[tuple[int, int, Row]]]
+    ) -> dict[int, dict[tuple[str, str], tuple[float | None, float | None, float | None]]]:
+        """The FLOPs of the steps' counted rows (flops=True): none read where no region
+        counts (one dict test a poll)."""
+        rec = self.timer.recorder
+        rec.flops.flush()
+        values = rec.values.steps_of(range(first, stop))
+        out: dict[int, dict[tuple[str, str], tuple[float | None, float | None, float | None]]] = {}
+        if not values:
+            return out
+        slots = {name: slot for slot, name in self._names.items()}
+        for step, items in per_step.items():
+            table = values.get(step)
+            if not table:
+                continue
+            for _, dev, (name, clock, n, gpu_ms, cpu_ms) in items:
+                v = table.get((slots.get(name, -1), dev))
+                if v is not None and "flop" in v:
+                    out.setdefault(step, {})[(name, clock)] = step_flops(v, n, gpu_ms, cpu_ms)
+        return out
 
     def _deliver(self, times: Iterable[StepTimes]) -> None:
         batch = list(times)

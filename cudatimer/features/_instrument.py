@@ -152,6 +152,7 @@ def instrument(
     backward: bool = False,
     memory: bool = False,
     memory_every: int | None = None,
+    flops: bool = False,
     timer: Timer | None = None,
 ) -> Instrumented:
     """Put a region around the forward of ``model`` and of every submodule.
@@ -175,7 +176,9 @@ def instrument(
     call's GPU memory (forward rows, and backward rows with ``backward=True``): the columns
     ``mem_delta`` and ``mem_peak`` (docs/memory.md), on one call of the model in
     ``memory_every`` (default 10; 1: every call) with every call inside it, forward and
-    backward alike. ``timer``: default Timer if None.
+    backward alike. ``flops=True`` also counts each forward call's FLOPs once per input
+    signature, for the columns ``TFLOP/s`` and ``MFU`` (docs/flops.md). ``timer``: default
+    Timer if None.
 
     >>> import torch, cudatimer
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
@@ -201,9 +204,13 @@ def instrument(
         raise TypeError(f"backward must be a bool, got {type(backward).__name__}")
     if not isinstance(memory, bool):
         raise TypeError(f"memory must be a bool, got {type(memory).__name__}")
+    if not isinstance(flops, bool):
+        raise TypeError(f"flops must be a bool, got {type(flops).__name__}")
     options: dict[str, Any] = {"memory": True} if memory else {}  # every row's region options
     if memory_every is not None:
         options["memory_every"] = _memory.check_every(memory_every, memory)
+    if flops:
+        options["flops"] = True
     if timer is None:
         timer = default_timer()
     elif not isinstance(timer, Timer):

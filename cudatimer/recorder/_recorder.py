@@ -30,7 +30,7 @@ from ..core._locks import ForkSafeLock
 from ..records._hist import Histogram
 from ..records._records import RegionStats, Summary
 from ..records._values import EMPTY
-from ..sources import _backward, _capture, _compile, _memory, _sync_counts
+from ..sources import _backward, _capture, _compile, _flops, _memory, _sync_counts
 from ..sources._source import Source
 from . import _steps
 from ._values import ValueStore
@@ -116,12 +116,14 @@ class Recorder:
         self.backward = _backward.BackwardRows(self)
         self.syncs = _sync_counts.SyncCounts(self)
         self.memory = _memory.MemoryCalls(self)
+        self.flops = _flops.FlopCalls(self)
         self.sources: tuple[Source, ...] = (
             self.compiled,
             self.graphs,
             self.backward,
             self.syncs,
             self.memory,
+            self.flops,
         )
         #: Per-call values other than time (FLOPs, memory), by value column.
         self.values = ValueStore(self.store, self.lock, keep_steps)

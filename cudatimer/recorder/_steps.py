@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..records._hist import HistBuilder
-from ..records._records import RegionStats, StepStats, TraceSample
+from ..records._records import RegionStats, StepStats, TraceSample, step_flops
 from ..records._values import EMPTY, Values
 
 if TYPE_CHECKING:
@@ -246,16 +246,24 @@ def step_stats(view: View, window: Window | None) -> tuple[StepStats, ...]:
         if window is not None and step not in window:
             continue
         per_step = steps[step]
+        values = view.step_values.get(step, {})
         for key in sorted(per_step, key=lambda k: order.get(k, len(order))):
             gpu_ms, cpu_ms = per_step[key]
+            calls = len(cpu_ms)
+            gpu = math.fsum(gpu_ms) if key[1] >= 0 else None
+            cpu = math.fsum(cpu_ms)
+            flop = step_flops(values[key], calls, gpu, cpu) if key in values else (None,) * 3
             rows.append(
                 StepStats(
                     step=step,
                     name=tree.path(key[0]),
                     clock="host" if key[1] < 0 else f"cuda:{key[1]}",
-                    calls=len(cpu_ms),
-                    gpu_ms=math.fsum(gpu_ms) if key[1] >= 0 else None,
-                    cpu_ms=math.fsum(cpu_ms),
+                    calls=calls,
+                    gpu_ms=gpu,
+                    cpu_ms=cpu,
+                    flop=flop[0],
+                    tflop_per_s=flop[1],
+                    mfu=flop[2],
                 )
             )
     return tuple(rows)

@@ -34,6 +34,8 @@ Key = tuple[int, int]  # (slot, device index or -1 for the host clock): a report
 #: One call's values for ``ValueStore.add_each``: (slot, gen, dev, step or None,
 #: ((name, value), ...)).
 Call = tuple[int, int, int, int | None, tuple[tuple[str, float], ...]]
+#: ``Call`` with the number of calls that carried those values, for ``add_counted``.
+Counted = tuple[int, int, int, int | None, tuple[tuple[str, float], ...], int]
 
 
 class _Acc:
@@ -41,15 +43,15 @@ class _Acc:
 
     __slots__ = ("count", "hi", "lo", "total")
 
-    def __init__(self, value: float) -> None:
-        self.count = 1
-        self.total = value
+    def __init__(self, value: float, n: int = 1) -> None:
+        self.count = n
+        self.total = value * n
         self.lo = value
         self.hi = value
 
-    def add(self, value: float) -> None:
-        self.count += 1
-        self.total += value
+    def add(self, value: float, n: int = 1) -> None:
+        self.count += n
+        self.total += value * n
         if value < self.lo:
             self.lo = value
         if value > self.hi:
@@ -99,18 +101,24 @@ class ValueStore:
         """``add`` for many calls under one lock (a source that learns values in batches):
         each call is (slot, gen, dev, step, ((name, value), ...)); returns how many were kept
         (the others came before a reset())."""
+        return self.add_counted([(*call, 1) for call in calls])
+
+    def add_counted(self, calls: Iterable[Counted]) -> int:
+        """``add_each`` for calls that carry the same values ``n`` times each (a count reused
+        for every call of one signature): (slot, gen, dev, step, ((name, value), ...), n);
+        returns how many calls were kept."""
         checked = [
-            ((slot, dev), gen, step, [(name, _number(name, value)) for name, value in values])
-            for slot, gen, dev, step, values in calls
+            ((slot, dev), gen, step, [(name, _number(name, value)) for name, value in values], n)
+            for slot, gen, dev, step, values, n in calls
         ]
         store = self._store
         kept_calls = 0
         with self._lock:
             current = store.step
-            for key, gen, step, values in checked:
+            for key, gen, step, values, n in checked:
                 if gen != store.gen:
                     continue
-                kept_calls += 1
+                kept_calls += n
                 # keep_steps=0: no step is kept, and no window can be reported; a step older
                 # than the kept ones has no table either.
                 at = current if step is None else step
@@ -123,9 +131,9 @@ class ValueStore:
                     for name, number in values:
                         acc = by.get(name)
                         if acc is None:
-                            by[name] = _Acc(number)
+                            by[name] = _Acc(number, n)
                         else:
-                            acc.add(number)
+                            acc.add(number, n)
         return kept_calls
 
     def add_open(self, name: str, value: float) -> bool:
@@ -159,6 +167,13 @@ class ValueStore:
         """The whole run's values per row, and each kept step's."""
         with self._lock:
             return _frozen(self._run), {s: _frozen(t) for s, t in self._steps.items()}
+
+    def steps_of(self, steps: Iterable[int]) -> dict[int, dict[Key, Values]]:
+        """The values of the kept steps among ``steps`` (none: an empty dict, one test)."""
+        if not self._steps:
+            return {}
+        with self._lock:
+            return {s: _frozen(self._steps[s]) for s in steps if s in self._steps}
 
     def reset(self) -> None:
         self._run = {}

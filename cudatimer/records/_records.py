@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from ._hist import Histogram
-from ._values import EMPTY, Values
+from ._values import EMPTY, Values, flop_rates
 
 SCHEMA_VERSION = 1
 
@@ -85,6 +85,13 @@ class RegionStats:
     cpu_p90_ms: float = field(init=False)
     cpu_p99_ms: float = field(init=False)
     cpu_max_ms: float = field(init=False)
+    # flops=True rows (None elsewhere): FLOP a call, achieved TFLOP/s over the row's mean
+    # time (GPU where timed on the GPU, else host), MFU (None where the peak is unknown),
+    # and whether fewer calls were counted than made (the FLOPs a call then a mean of those).
+    flop_mean: float | None = field(init=False, compare=False)
+    tflop_per_s: float | None = field(init=False, compare=False)
+    mfu: float | None = field(init=False, compare=False)
+    flop_sampled: bool = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         g = self.gpu
@@ -105,6 +112,12 @@ class RegionStats:
         put(self, "cpu_p90_ms", c.quantile(0.9))
         put(self, "cpu_p99_ms", c.quantile(0.99))
         put(self, "cpu_max_ms", c.max if c.count else math.nan)
+        mean_ms = self.gpu_mean_ms if timed else (c.mean if c.count else None)
+        flop, rate, mfu, sampled = flop_rates(self.values, self.calls, mean_ms)
+        put(self, "flop_mean", flop)
+        put(self, "tflop_per_s", rate)
+        put(self, "mfu", mfu)
+        put(self, "flop_sampled", sampled)
 
     @property
     def leaf(self) -> str:
@@ -152,7 +165,9 @@ class StepStats:
     """One region's time in one step (``cudatimer.step()`` marks the boundaries).
 
     ``gpu_ms`` and ``cpu_ms`` are sums over the region's ``calls`` in that step; ``gpu_ms`` is
-    None on the host clock. Steps are numbered from 0 (what ran before the first ``step()``).
+    None on the host clock. ``flop``, ``tflop_per_s`` and ``mfu`` are set on rows counted
+    with ``flops=True`` (``step_flops``). Steps are numbered from 0 (what ran before the
+    first ``step()``).
     """
 
     step: int
@@ -161,6 +176,11 @@ class StepStats:
     calls: int
     gpu_ms: float | None
     cpu_ms: float
+    # flops=True rows (None elsewhere): the step's FLOP (FLOPs a call x its timed calls),
+    # achieved TFLOP/s over its time, MFU.
+    flop: float | None = None
+    tflop_per_s: float | None = None
+    mfu: float | None = None
 
 
 @dataclass(frozen=True)
@@ -283,3 +303,20 @@ def backward_coverage(regions: Sequence[RegionStats]) -> tuple[Coverage, ...]:
         Coverage(name, clock, roots[(name, clock)].total_ms, ms, n)
         for (name, clock), (ms, n) in covered.items()
     )
+
+
+def step_flops(
+    values: Values, calls: int, gpu_ms: float | None, cpu_ms: float
+) -> tuple[float | None, float | None, float | None]:
+    """A step row's (FLOP, TFLOP/s, MFU) from the values of its step: FLOPs a call (the
+    mean of the step's counts) times its ``calls``, over its summed time."""
+    flop_a_call, _, _, _ = flop_rates(values, 1, None)
+    if flop_a_call is None:
+        return None, None, None
+    flop = flop_a_call * calls
+    ms = gpu_ms if gpu_ms is not None else cpu_ms
+    if not calls or not ms > 0:
+        return flop, None, None
+    rate = flop / ms * 1e-9
+    peak = values.get("flop_peak")
+    return flop, rate, (rate / peak.mean if peak is not None and peak.mean > 0 else None)

@@ -39,6 +39,7 @@ __all__ = [
     "Values",
     "column",
     "columns",
+    "flop_rates",
     "register",
     "unregister",
 ]
@@ -231,3 +232,27 @@ def columns(names: Iterable[str] | None = None) -> tuple[Column, ...]:
         *(c for c in known if c.name in wanted),
         *(Column(n) for n in sorted(wanted - seen)),
     )
+
+
+def flop_rates(
+    values: Values, calls: int, mean_ms: float | None
+) -> tuple[float | None, float | None, float | None, bool]:
+    """A row's FLOPs (``flops=True``) from its values and mean time a call (GPU where timed
+    on the GPU, else host): (FLOP a call, achieved TFLOP/s, MFU 0-1 or None where the peak is
+    unknown, sampled: fewer calls counted than made); all None without counts.
+
+    >>> v = Values({"flop": Tally.of([2e9]), "flop_peak": Tally.of([100.0])})
+    >>> flop_rates(v, 1, 2.0)
+    (2000000000.0, 1.0, 0.01, False)
+    """
+    tally = values.get("flop")
+    if tally is None:
+        return None, None, None, False
+    flop = tally.mean
+    sampled = tally.count < calls
+    if mean_ms is None or not mean_ms > 0 or math.isnan(mean_ms):
+        return flop, None, None, sampled
+    rate = flop / mean_ms * 1e-9  # FLOP/ms -> TFLOP/s
+    peak = values.get("flop_peak")
+    mfu = rate / peak.mean if peak is not None and peak.mean > 0 else None
+    return flop, rate, mfu, sampled

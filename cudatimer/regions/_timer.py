@@ -20,7 +20,7 @@ import os
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any, Literal, TypedDict, TypeVar
 
 import torch
@@ -30,7 +30,7 @@ from .._config import DISABLED_AT_IMPORT, PURE_PYTHON
 from ..core import _core, _device
 from ..recorder._recorder import Recorder
 from ..records._records import StepStats, Summary
-from ..sources import _backward, _compile, _memory
+from ..sources import _backward, _compile, _flops, _memory
 from ..sources._source import TIMERS, Probe
 from . import _output
 from ._machine import machine_meta
@@ -71,6 +71,7 @@ class RegionOptions(TypedDict, total=False):
     backward: bool | None
     memory: bool | None
     memory_every: int | None
+    flops: bool | None
 
 
 _REGION_OPTIONS = frozenset(RegionOptions.__annotations__)
@@ -163,6 +164,7 @@ class Region(_core.RegionBase):
         "domain",
         "events",
         "every",
+        "flop_state",
         "name",
         "nvtx",
         "probes",
@@ -190,6 +192,8 @@ class Region(_core.RegionBase):
         # What options such as memory=True measure around each call (their classes below
         # run them; a region without any is one of the plain classes, nothing per call).
         self.probes = probes
+        # flops=True: the counts of its signatures (a decorated callable's), its last count.
+        self.flop_state = _flops.RegionFlops() if _flops.FLOPS in probes else None
         self.domain = timer.domain
         # Decided here, once, so the hooks test plain attributes: attrs is None when NVTX is
         # off, no tool is attached, or mode="events".
@@ -265,6 +269,30 @@ class _Probed:
                 probe.exit(self, exc[1])
         finally:
             super().__exit__(*exc)  # type: ignore[misc]
+
+    def hooks_without(self, option: str) -> tuple[Callable[[], Any], Callable[..., Any]]:
+        """This region's enter and exit with every probe but the one of ``option`` (a
+        decorated callable counts its FLOPs itself, around the call, by its arguments)."""
+        base_enter = super().__enter__  # type: ignore[misc]
+        base_exit = super().__exit__  # type: ignore[misc]
+        probes = tuple(p for p in self.probes if p.option != option)
+        if not probes:
+            return base_enter, base_exit
+
+        def enter() -> Any:
+            base_enter()
+            for probe in probes:
+                probe.enter(self)
+            return self
+
+        def exit_(*exc: Any) -> None:
+            try:
+                for probe in reversed(probes):
+                    probe.exit(self, exc[1])
+            finally:
+                base_exit(*exc)
+
+        return enter, exit_
 
 
 class _ProbedRegion(_Probed, Region):
@@ -452,11 +480,41 @@ def _check_timer_args(
         raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
 
 
+def _probes(memory: object, memory_every: object, flops: object, mode: object) -> tuple[Probe, ...]:
+    """The probes of the options ``memory`` (with ``memory_every``) and ``flops`` (each a bool
+    or None), checked."""
+    probes: tuple[Probe, ...] = ()
+    options: tuple[tuple[str, object, Probe], ...] = (
+        ("memory", memory, _memory.MEMORY),
+        ("flops", flops, _flops.FLOPS),
+    )
+    for option, wanted, probe in options:
+        if wanted is not None and not isinstance(wanted, bool):
+            raise TypeError(
+                f"{option} must be a bool or None, got {type(wanted).__name__} ({wanted!r})"
+            )
+        if wanted and mode == "nvtx":
+            raise ValueError(
+                f"{option}=True needs a row to hold the values, and mode='nvtx' records none; "
+                "use mode='full' or 'events'"
+            )
+        if wanted:
+            if option == "memory" and memory_every is not None:
+                probe = _memory.probe(_memory.check_every(memory_every, memory))
+            probes += (probe,)
+    if memory_every is not None and not memory:
+        _memory.check_every(memory_every, memory)  # raises: memory_every needs memory=True
+    return probes
+
+
 class Timer:
     """An independent registry of regions with its own NVTX domain and results.
 
     ``keep_steps`` (at most 10**6) steps keep raw samples for window reports, and the trace
-    keeps the last ``trace_samples`` (at most 10**7) calls; 0 keeps none.
+    keeps the last ``trace_samples`` (at most 10**7) calls; 0 keeps none. ``peak_tflops``:
+    the peak MFU is taken against (a number, or a dict by dtype: ``{"bf16": 989}``; default
+    the table of known GPUs, or ``CUDATIMER_PEAK_TFLOPS``); ``flop_every``: one call in N of
+    a ``flops=True`` ``with`` block is counted (docs/flops.md).
 
     >>> import cudatimer
     >>> timer = cudatimer.Timer(name="data")
@@ -476,6 +534,8 @@ class Timer:
         enabled: bool = True,
         keep_steps: int = 1000,
         trace_samples: int = 4096,
+        peak_tflops: float | Mapping[str, float] | None = None,
+        flop_every: int = 64,
     ) -> None:
         _check_timer_args(name, domain, mode, clock, enabled, keep_steps, trace_samples)
         self.name = name
@@ -486,6 +546,9 @@ class Timer:
         #: The region tree, the general path and the store (per-sample state, in the core).
         #: Reports read it through a snapshot; it is the Timer's only state besides options.
         self.recorder = Recorder(keep_steps, trace_samples)
+        #: flops=True regions: the peaks MFU is taken against, one call in flop_every of a
+        #: `with` block counted (docs/flops.md).
+        self.recorder.flops.configure(peak_tflops, flop_every)
         self.recorder.store.enabled = enabled
         #: Raw samples of the last ``keep_steps`` steps make window reports exact; whole-run
         #: statistics never depend on them. The last ``trace_samples`` calls feed the trace.
@@ -518,7 +581,10 @@ class Timer:
         it leaves allocated and the most it held while open, columns ``mem_delta`` and
         ``mem_peak``; its backward row too; see docs/memory.md), ``memory_every`` (with
         ``memory=True``: measure one call in N of this region when it is the outermost
-        memory region open, with every call inside it; default 10, 1 measures all).
+        memory region open, with every call inside it; default 10, 1 measures all),
+        ``flops`` (True: also count each call's FLOPs, columns ``TFLOP/s`` and ``MFU``: a
+        decorated callable's once per input signature, a ``with`` block's one call in
+        ``flop_every``; see docs/flops.md).
 
         >>> import cudatimer
         >>> t = cudatimer.Timer(name="sampled")
@@ -571,6 +637,7 @@ class Timer:
         backward: bool | None = None,
         memory: bool | None = None,
         memory_every: int | None = None,
+        flops: bool | None = None,
     ) -> Region:
         """``region`` past its cache: checks the options and makes the region (cached by name
         when ``plain``: no options, or all None)."""
@@ -597,6 +664,7 @@ class Timer:
             backward,
             memory,
             memory_every,
+            flops,
         )
         # With CUDATIMER_DISABLE the options are still checked, and the region does nothing.
         return NULL_REGION if DISABLED_AT_IMPORT else made  # type: ignore[no-any-return]
@@ -620,21 +688,14 @@ class Timer:
         backward: object = None,
         memory: object = None,
         memory_every: object = None,
+        flops: object = None,
     ) -> Region:
         name = check_name(name)
         if backward is not None and not isinstance(backward, bool):
             raise TypeError(
                 f"backward must be a bool or None, got {type(backward).__name__} ({backward!r})"
             )
-        if memory is not None and not isinstance(memory, bool):
-            raise TypeError(
-                f"memory must be a bool or None, got {type(memory).__name__} ({memory!r})"
-            )
-        if memory_every is not None:
-            every_mem = _memory.check_every(memory_every, memory)
-        probes: tuple[Probe, ...] = ()
-        if memory:
-            probes = (_memory.probe(every_mem) if memory_every is not None else _memory.MEMORY,)
+        probes = _probes(memory, memory_every, flops, mode)
         keys = _check_streams(streams)
         if every is None:
             every = 1
@@ -677,11 +738,6 @@ class Timer:
                 raise ValueError(f"payload must be a finite number when a float, got {payload}")
             payload = float(payload)
         rgb = resolve_color(name, color)
-        if memory and mode == "nvtx":
-            raise ValueError(
-                "memory=True needs a row to hold the values, and mode='nvtx' records none; use "
-                "mode='full' or 'events'"
-            )
         if backward:
             if every != 1:
                 raise ValueError(

@@ -23,7 +23,7 @@ import torch
 
 from .._config import DISABLED_AT_IMPORT
 from ..core import _core
-from ..sources import _backward, _compile
+from ..sources import _backward, _compile, _flops
 from ..sources._source import Probe
 
 # Folded to True by Dynamo while it traces (a decorated function inlined into compiled code);
@@ -180,6 +180,14 @@ def wrap(fn: Any, region: Region, entry: bool = True) -> Any:
         r_exit = _core.RegionBase.__exit__.__get__(region)
     else:
         r_enter, r_exit = region.__enter__, region.__exit__
+    # flops=True: the call counted inside the region, once per input signature; the
+    # region's own flops probe (for `with` blocks and compiled calls) left out of the eager
+    # path. Traced code takes the plain call: Dynamo must not inline the counting.
+    eager = call
+    if getattr(region, "flop_state", None) is not None:
+        eager = _flops.counted(call, region)
+        if site is None:
+            r_enter, r_exit = region.hooks_without("flops")  # type: ignore[attr-defined]
     # Ints, so that Dynamo folds them into the graph where it inlines this wrapper.
     key, timer_key = _compile.key_of(region), region.timer.compile_key
 
@@ -191,7 +199,7 @@ def wrap(fn: Any, region: Region, entry: bool = True) -> Any:
             return call(*args, **kwargs)
         r_enter()
         try:
-            result = call(*args, **kwargs)
+            result = eager(*args, **kwargs)
         except BaseException as exc:
             r_exit(type(exc), exc, exc.__traceback__)
             raise

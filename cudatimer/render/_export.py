@@ -61,7 +61,24 @@ REGION_COLUMNS = (
     "cpu_p99_ms",
     "cpu_max_ms",
 )
-STEP_COLUMNS = tuple(f.name for f in dataclasses.fields(StepStats))
+#: The columns of region tables derived from FLOP counts (flops=True), where a row has some.
+FLOP_RATE_COLUMNS = ("tflop_per_s", "mfu")
+#: Per-step columns (``StepStats``); the FLOP ones only where a row was counted, so files and
+#: tables without counts stay as they were (and load where the FLOP columns are absent).
+STEP_FLOP_COLUMNS = ("flop", "tflop_per_s", "mfu")
+STEP_COLUMNS = tuple(
+    f.name for f in dataclasses.fields(StepStats) if f.name not in STEP_FLOP_COLUMNS
+)
+
+
+def step_table(steps: tuple[StepStats, ...]) -> tuple[tuple[str, ...], list[list[Any]]]:
+    """Columns and rows of per-step records: the FLOP columns where some row has a count."""
+    names = STEP_COLUMNS
+    if any(s.flop is not None for s in steps):
+        names += STEP_FLOP_COLUMNS
+    return names, [[getattr(s, c) for c in names] for s in steps]
+
+
 TRACE_COLUMNS = tuple(f.name for f in dataclasses.fields(TraceSample))
 WHATS = ("regions", "steps", "trace")
 
@@ -96,8 +113,8 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
             for s in summary.sync_sites
         ],
         "step_stats": {
-            "columns": list(STEP_COLUMNS),
-            "rows": [list(dataclasses.astuple(s)) for s in summary.step_stats],
+            "columns": list(step_table(summary.step_stats)[0]),
+            "rows": step_table(summary.step_stats)[1],
         },
         "trace": {
             "columns": list(TRACE_COLUMNS),
@@ -350,6 +367,9 @@ def _step(r: dict[str, Any], where: str) -> StepStats:
         calls=_int(r["calls"], f"{where}.calls"),
         gpu_ms=_opt_float(r["gpu_ms"], f"{where}.gpu_ms", 0.0),
         cpu_ms=_float(r["cpu_ms"], f"{where}.cpu_ms", 0.0),
+        flop=_opt_float(r.get("flop"), f"{where}.flop", 0.0),
+        tflop_per_s=_opt_float(r.get("tflop_per_s"), f"{where}.tflop_per_s", 0.0),
+        mfu=_opt_float(r.get("mfu"), f"{where}.mfu", 0.0),
     )
 
 
@@ -518,14 +538,17 @@ def table(summary: Summary, what: str = "regions") -> tuple[tuple[str, ...], lis
         raise TypeError(f"summary must be a cudatimer.Summary, got {type(summary).__name__}")
     what = check_what(what)
     if what == "steps":
-        return STEP_COLUMNS, [list(dataclasses.astuple(s)) for s in summary.step_stats]
+        return step_table(summary.step_stats)
     if what == "trace":
         return TRACE_COLUMNS, [list(dataclasses.astuple(t)) for t in summary.trace]
     extra = value_columns(summary)
-    names = REGION_COLUMNS + tuple(f for c in extra for f in c.fields())
+    # flops=True: the rates derived from the counts and times, after the value columns.
+    rates = FLOP_RATE_COLUMNS if any("flop" in r.values for r in summary.regions) else ()
+    names = REGION_COLUMNS + tuple(f for c in extra for f in c.fields()) + rates
     rows = [
         [getattr(r, c) for c in REGION_COLUMNS]
         + [cell for c in extra for cell in c.row(r.values.get(c.name))]
+        + [getattr(r, c) for c in rates]
         for r in summary.regions
     ]
     return names, rows
@@ -566,6 +589,7 @@ def to_dataframe(summary: Summary, *, what: str = "regions") -> Any:
         ) from exc
     nan = float("nan")
     valued = {f for c in value_columns(summary) for f in c.fields()} if what == "regions" else set()
+    valued.update(FLOP_RATE_COLUMNS)
     numeric = [c.endswith("_ms") or c == "stream" or c in valued for c in columns]
     rows = [
         [nan if v is None and num else v for v, num in zip(row, numeric, strict=True)]

@@ -37,6 +37,7 @@ from ..records._records import RegionStats, Summary
 from ._gate import DEFAULT_STAT, compare_sides
 from ._report import (
     COMPARE_STATS,
+    FLOP_COLUMNS,
     MEMORY_COLUMNS,
     TREE_LEVELS,
     analyse,
@@ -47,6 +48,7 @@ from ._report import (
     folded_ranks,
     gate_headline,
     gate_notes,
+    has_flops,
     has_memory,
     host_bound,
     level_text,
@@ -158,6 +160,9 @@ def _regions(summary: Summary) -> dict[str, Any]:
     memory = has_memory(summary)
     if memory:  # MiB with 2 decimals (the page's "x2" numbers)
         columns += [("mem_delta", "mem delta MiB", "x2"), ("mem_peak", "mem peak MiB", "x2")]
+    flops = has_flops(summary)
+    if flops:  # flops=True: achieved TFLOP/s (3 digits) and MFU with a bar per row
+        columns += [("tflop_per_s", "TFLOP/s", "g3"), ("mfu", "MFU", "mfu")]
     body = []
     for row in rows:
         r = row.r
@@ -184,6 +189,9 @@ def _regions(summary: Summary) -> dict[str, Any]:
         if memory:
             values["mem_delta"] = _num(mem_mib(r, "mem_delta", "mean"))
             values["mem_peak"] = _num(mem_mib(r, "mem_peak", "max"))
+        if flops:
+            values["tflop_per_s"] = _num(r.tflop_per_s)
+            values["mfu"] = _num(r.mfu)
         cls = "bound" if host_bound(r) else ""
         body.append((r.name, cls, [values[c[0]] for c in columns]))
     keys = [(r.name, r.clock) for r in summary.regions]
@@ -280,6 +288,8 @@ def _compare(
     rows = compared(base, new, stat=stat, tolerance=tolerance, labels=labels)
     unit = compare_unit(stat)
     kind = "x2" if stat in MEMORY_COLUMNS else "ms"  # MiB with 2 decimals, or ms
+    if stat in FLOP_COLUMNS:  # achieved TFLOP/s (3 digits), MFU (a %)
+        kind = "pct" if stat == "mfu" else "g3"
     columns = [
         ("region", "region", "text"),
         ("clock", "clock", "text"),
@@ -535,7 +545,7 @@ def write_html(
 
 
 _STYLE = """
-:root{--gpu:#4363d8;--cpu:#f58231;--bar:#dfe6fb;--line:#d8dbe2;--muted:#5b6270}
+:root{--gpu:#4363d8;--cpu:#f58231;--bar:#dfe6fb;--mfu:#c8ecd0;--line:#d8dbe2;--muted:#5b6270}
 body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 1.5em 2em;color:#1d2330}
 h1{font-size:1.4em;margin:.8em 0 .2em}h2{font-size:1.15em;margin:1.4em 0 .4em}
 h3{font-size:1em;margin:1em 0 .3em}
@@ -601,7 +611,8 @@ _SCRIPT = r"""
   function fmt(type, v) {
     if (v === null || v === undefined) return "-";
     if (type === "ms") return v.toFixed(3);
-    if (type === "pct") return (100 * v).toFixed(1) + "%";
+    if (type === "pct" || type === "mfu") return (100 * v).toFixed(1) + "%";
+    if (type === "g3") return v.toPrecision(3);
     if (type === "x2") return v.toFixed(2);
     if (type === "x3") return v.toFixed(3);
     return String(v);
@@ -675,10 +686,12 @@ _SCRIPT = r"""
           td.append(el("span", {class: "name", title: r[2]}, v));
         } else {
           td.textContent = fmt(c[2], v);
-          if (c[2] === "pct" && v !== null) {
+          if ((c[2] === "pct" || c[2] === "mfu") && v !== null) {
             const w = Math.max(0, Math.min(100, 100 * v)).toFixed(1);
+            const bar = c[2] === "mfu" ? "var(--mfu)" : "var(--bar)";
+            if (c[2] === "mfu") td.className = "mfu-bar";
             td.style.background =
-              "linear-gradient(90deg,var(--bar) " + w + "%,transparent " + w + "%)";
+              "linear-gradient(90deg," + bar + " " + w + "%,transparent " + w + "%)";
           }
         }
         tr.append(td);

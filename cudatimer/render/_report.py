@@ -16,10 +16,12 @@ from tabulate import tabulate, tabulate_formats
 
 from ..records._hist import Histogram
 from ..records._records import BACKWARD_SUFFIX, RegionStats, Summary
+from ..records._values import flop_rates
 
 __all__ = [
     "COLUMNS",
     "COMPARE_STATS",
+    "FLOP_COLUMNS",
     "HOST_BOUND_RATIO",
     "MEMORY_COLUMNS",
     "MIB",
@@ -30,6 +32,7 @@ __all__ = [
     "compare_unit",
     "compared",
     "folded_ranks",
+    "has_flops",
     "has_memory",
     "mem_mib",
     "mem_sampled",
@@ -234,9 +237,38 @@ COLUMNS: dict[str, tuple[str, _Cell]] = {
     "mem_peak": ("mem peak MiB", lambda row, _: _mib_cell(mem_mib(row.r, "mem_peak", "max"))),
     # The calls that carry memory values (memory_every=N measures one episode in N).
     "mem_calls": ("mem calls", lambda row, _: _mem_calls(row.r)),
+    # FLOPs (flops=True): FLOP a call, achieved TFLOP/s ("*": counted on a sample of calls),
+    # MFU (a % of the peak of the device and dtype the row's FLOPs mostly ran in).
+    "flop": ("GFLOP", lambda row, _: _gflop_cell(row.r.flop_mean)),
+    "tflop_per_s": ("TFLOP/s", lambda row, _: _tflops_cell(row.r)),
+    "mfu": ("MFU", lambda row, _: _pct(row.r.mfu)),
 }
 #: The columns added to the default ones when some row holds memory values.
 MEMORY_COLUMNS = ("mem_delta", "mem_peak")
+#: The columns added to the default ones when some row was counted (flops=True).
+FLOP_COLUMNS = ("tflop_per_s", "mfu")
+
+
+def has_flops(summary: Summary) -> bool:
+    """True when some region of ``summary`` holds FLOP counts (``flops=True``)."""
+    return any("flop" in r.values for r in summary.regions)
+
+
+def _gflop_cell(flop: float | None) -> str:
+    if flop is None:
+        return "-"
+    return f"{flop / 1e9:.3g}"
+
+
+def _rate_cell(rate: float | None) -> str:
+    return "-" if rate is None or math.isnan(rate) else f"{rate:.3g}"
+
+
+def _tflops_cell(r: RegionStats) -> str:
+    rate = r.tflop_per_s
+    if rate is None:
+        return "-"
+    return f"{rate:.3g}" + ("*" if r.flop_sampled else "")
 
 
 def _mem_calls(r: RegionStats) -> str:
@@ -326,6 +358,8 @@ def _columns(
             chosen += MEMORY_COLUMNS
             if mem_sampled(summary):
                 chosen.append("mem_calls")
+        if has_flops(summary):
+            chosen += FLOP_COLUMNS
         return chosen
     if isinstance(columns, str) or not isinstance(columns, Sequence):
         raise TypeError(
@@ -503,6 +537,7 @@ def summary_notes(
         )
     if meta.get("memory_note"):
         notes.append(meta["memory_note"])
+    notes += flop_notes(summary, chosen, [row.r for row, _ in shown])
     if meta.get("memory_oom_note"):
         notes.append(meta["memory_oom_note"])
     hidden = len(rows) - len(shown)
@@ -522,7 +557,7 @@ def summary_notes(
     skipped = sum(r.skipped for r in summary.regions)
     if skipped:
         notes.append(f"{skipped} call(s) had no GPU timing (entered during CUDA graph capture)")
-    sampled = [elide(r.name) for r in summary.regions if r.calls > r.cpu.count]
+    sampled = [elide(r.name) for r in summary.regions if r.calls > r.cpu.count + _counting(r)]
     if sampled:  # every=N: calls counts all of them, the histograms only the timed ones
         notes.append(
             f"{', '.join(dict.fromkeys(sampled))}: sampled (every=N); times cover the timed "
@@ -546,6 +581,54 @@ def summary_notes(
     return notes
 
 
+def _counting(r: RegionStats) -> int:
+    """Calls of ``r`` left untimed because they were counting FLOPs (flops=True)."""
+    tally = r.values.get("flop_untimed")
+    return 0 if tally is None else tally.count
+
+
+def flop_notes(summary: Summary, chosen: Sequence[str], shown: Sequence[RegionStats]) -> list[str]:
+    """The notes under a table that shows FLOP columns: what they mean, the sampled and the
+    host-bound rows, the peaks used, the rows with ops left uncounted."""
+    if not any(c in chosen for c in ("flop", *FLOP_COLUMNS)) or not has_flops(summary):
+        return []
+    meta = dict(summary.meta)
+    notes = [
+        "TFLOP/s: a row's FLOPs a call (counted from its ops, children included) over its "
+        "mean time a call (GPU time where timed on the GPU, else host); MFU: that over the "
+        "dense peak of the device and dtype most of its FLOPs ran in (docs/flops.md)"
+    ]
+    sampled = [r.name for r in shown if "flop" in r.values and r.flop_sampled]
+    if sampled:
+        notes.append(
+            f"*: FLOPs counted on a sample of calls (the mean of the counted ones): "
+            f"{', '.join(elide(n) for n in sampled[:8])}"
+            + (f" and {len(sampled) - 8} more" if len(sampled) > 8 else "")
+        )
+    bound = [r.name for r in shown if "flop" in r.values and host_bound(r)]
+    if bound:
+        notes.append(
+            f"{len(bound)} counted row(s) are host-bound (bound=host): their GPU waited for "
+            "launches, so their TFLOP/s and MFU read low for launch reasons, not kernel speed"
+        )
+    untimed = sum(_counting(r) for r in shown)
+    if untimed:
+        notes.append(
+            f"{untimed} call(s) counted their FLOPs under a dispatch mode (slower) and are left "
+            "out of the times (each signature's first call; a sample of the others)"
+        )
+    if meta.get("flop_peaks"):
+        notes.append(f"peaks (TFLOP/s) used for MFU: {meta['flop_peaks']}")
+    if meta.get("flop_note"):
+        notes.append(meta["flop_note"])
+    if meta.get("flop_uncounted"):
+        notes.append(
+            "ops with no FLOP formula, left out of the counts (register one with "
+            f"torch.utils.flop_counter.register_flop_formula): {meta['flop_uncounted']}"
+        )
+    return notes
+
+
 # -- comparing two runs ----------------------------------------------------------------------
 COMPARE_STATS = (
     "mean",
@@ -558,7 +641,11 @@ COMPARE_STATS = (
     "max",
     "mem_delta",
     "mem_peak",
+    "tflop_per_s",
+    "mfu",
 )
+# The FLOP stats compared (flops=True rows): higher is faster.
+_FLOP_STATS = ("tflop_per_s", "mfu")
 # The memory stats compared: (value column, its statistic): the mean a call leaves, the
 # highest a call held.
 _MEMORY_STATS = {"mem_delta": ("mem_delta", "mean"), "mem_peak": ("mem_peak", "max")}
@@ -568,6 +655,8 @@ def compare_unit(stat: str) -> str:
     """The unit of a comparison's columns: ``mean ms``, ``ms/step``, ``mem peak MiB``."""
     if stat in _MEMORY_STATS:
         return f"{stat.replace('_', ' ')} MiB"
+    if stat in _FLOP_STATS:
+        return "TFLOP/s" if stat == "tflop_per_s" else "MFU"
     return "ms/step" if stat == "per_step" else f"{stat} ms"
 
 
@@ -576,6 +665,9 @@ def _stat(r: RegionStats, stat: str, steps: int) -> float:
     if memory is not None:
         mib = mem_mib(r, *memory)
         return math.nan if mib is None else mib
+    if stat in _FLOP_STATS:
+        value = r.tflop_per_s if stat == "tflop_per_s" else r.mfu
+        return math.nan if value is None else value
     hist: Histogram = r.gpu if r.gpu is not None and r.gpu.count else r.cpu
     if hist.count == 0:
         return math.nan
@@ -646,6 +738,8 @@ def compared(
             ratio = y / x
             if abs(ratio - 1.0) <= tolerance:
                 verdict = "same"
+            elif stat in _FLOP_STATS:  # more FLOP/s: faster
+                verdict = f"{ratio:.2f}x faster" if ratio > 1.0 else f"{1.0 / ratio:.2f}x slower"
             elif ratio < 1.0:
                 verdict = f"{1.0 / ratio:.2f}x faster"
             else:
@@ -680,6 +774,11 @@ def compare_note(stat: str, tolerance: float) -> str:
             f"{stat} per region in MiB: {what}; regions measured with memory=True only; "
             f"'same' = within {100 * tolerance:g}%"
         )
+    if stat in _FLOP_STATS:
+        return (
+            f"{compare_unit(stat)} per region (flops=True rows only; higher is faster); "
+            f"'same' = within {100 * tolerance:g}%"
+        )
     return (
         f"{stat} per region; GPU time where timed on the GPU, else host time; "
         f"'same' = within {100 * tolerance:g}%"
@@ -711,7 +810,9 @@ def render_compare(
         raise ValueError(f"stat must be one of {', '.join(COMPARE_STATS)}; got {stat!r}")
     fmt = _check_fmt(fmt)
     rows = compared(base, new, stat=stat, tolerance=tolerance, labels=labels)
-    cell = _mib_cell if stat in _MEMORY_STATS else _ms
+    cell: Callable[[float | None], str] = _mib_cell if stat in _MEMORY_STATS else _ms
+    if stat in _FLOP_STATS:
+        cell = _pct if stat == "mfu" else _rate_cell
     table = [
         [
             elide(c.name),
@@ -964,6 +1065,15 @@ def _values_mib(r: RankedRegion, name: str, stat: str) -> float | None:
     return None if tally is None else float(tally.stat(stat)) / MIB
 
 
+def _rank_flops(r: RankedRegion) -> list[str]:
+    """TFLOP/s and MFU of a cross-rank row: the ranks' counts over their merged mean time."""
+    hist = r.gpu if r.gpu is not None and r.gpu.count else r.cpu
+    mean_ms = hist.mean if hist.count else None
+    _, rate, mfu, sampled = flop_rates(r.values, r.calls, mean_ms)
+    cell = "-" if rate is None else f"{rate:.3g}" + ("*" if sampled else "")
+    return [cell, _pct(mfu)]
+
+
 def rank_ranges(ranks: tuple[int, ...]) -> str:
     """``(0, 1, 2, 5)`` -> ``"0-2,5"``: absent ranks of a large job stay one short cell."""
     parts: list[str] = []
@@ -1062,8 +1172,13 @@ def render_ranks(
                 if memory
                 else []
             ),
+            *(_rank_flops(r) if flops else []),
         ]
 
+    # flops=True rows: every rank's counts and times merged.
+    flops = any("flop" in r.values for r in ranked.regions)
+    if flops:
+        headers += ["TFLOP/s", "MFU"]
     # memory=True rows: every rank's calls merged (the mean a call leaves, the most one held).
     memory = any(name in r.values for r in ranked.regions for name in MEMORY_COLUMNS)
     if memory:

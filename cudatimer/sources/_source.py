@@ -9,7 +9,7 @@ state of the source, and reads them all through ``Source``:
 >>> from cudatimer.regions._timer import Timer
 >>> rec = Timer(name="seam").recorder
 >>> [type(s).__name__ for s in rec.sources]
-['CompileNotes', 'Graphs', 'BackwardRows', 'SyncCounts', 'MemoryCalls']
+['CompileNotes', 'Graphs', 'BackwardRows', 'SyncCounts', 'MemoryCalls', 'FlopCalls']
 >>> sum(s.pending() for s in rec.sources), [n for s in rec.sources for n in s.notes()]
 (0, [])
 

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import torch
 
+from tests.helpers.extras import needs
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 COMPARE = BENCH / "compare.py"  # the comparison with other timers
@@ -665,3 +667,23 @@ def test_memory_cost_runs_its_smoke_mode_on_the_cpu(tmp_path: Path) -> None:
     # steps + 1 = 2 steps: the first measured, the second not (memory_every > 1)
     assert (train["measured_calls_per_row"], train["calls_per_row"]) == (1, 2)
     assert "memory / timed" in out.stdout
+
+
+def test_flops_cost_runs_its_smoke_mode_on_the_cpu(tmp_path: Path) -> None:
+    """flops_cost.py --smoke counts a tiny GPT-2 step (within 2% of 6ND + 12Lbs^2d), times
+    plain / timed / flops rounds, and writes the figures and the per-layer table."""
+    needs("transformers")
+    env = {**os.environ, "CUDATIMER_BENCH_N": "1"}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "flops_cost.py"), "--smoke",
+         "--out", str(tmp_path / "f.json"), "--table", str(tmp_path / "f.md")],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "f.json").read_text())
+    assert abs(doc["total"]["counted_over_analytic"] - 1.0) < 0.02
+    assert doc["train"]["flops_over_timed_median"] > 0 and doc["signature_us"] > 0
+    assert doc["sums"]["children_over_parent_max"] <= 1e-9
+    table = (tmp_path / "f.md").read_text()
+    assert "| GPT2LMHeadModel/transformer/h.0/attn |" in table
+    assert "flops / timed" in out.stdout and "one-time counting cost" in out.stdout

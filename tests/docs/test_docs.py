@@ -16,7 +16,7 @@ from tests.helpers.docs_blocks import ROOT, Block, blocks, documents
 
 def test_readme_is_short() -> None:
     """The README is well under 200 lines; the rest lives in docs/."""
-    assert len((ROOT / "README.md").read_text().splitlines()) < 175
+    assert len((ROOT / "README.md").read_text().splitlines()) < 190
 
 
 def test_docs_links_resolve() -> None:
