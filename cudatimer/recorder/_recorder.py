@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import torch
 
 from ..core import _core, _device
-from ..core._locks import ForkSafeLock
+from ..core._locks import claim, fork_safe_lock
 from ..records._hist import Histogram
 from ..records._records import RegionStats, Summary
 from ..records._values import EMPTY
@@ -109,7 +109,7 @@ class Recorder:
         self.store = _core.Store(keep_steps, trace_samples, _steps.STEP_SAMPLE_CAP, self.tree.child)
         # Taken by reset() and by the sources' rare, brief sections (a sync counted) that must
         # not straddle it.
-        self.lock = ForkSafeLock()
+        self.lock = fork_safe_lock()
         # The boundary sources, each holding this recorder's state of it.
         self.compiled = _compile.CompileNotes()
         self.graphs = _capture.Graphs(self)
@@ -234,6 +234,12 @@ class Recorder:
         if top is not None and top.region is r:
             self._finish(stack.pop(), t1, stack.tid)
             return
+        if exc_type is not None:
+            self._close_interrupted(stack, r, t1)
+            top = stack.top()
+            if top is not None and top.region is r:
+                self._finish(stack.pop(), t1, stack.tid)
+                return
         frame = stack.take(r)
         if frame is None:
             names = ", ".join(f.region.name for f in stack.frames())
@@ -248,6 +254,50 @@ class Recorder:
                 f"({top.region.name!r}) is still open; close regions in reverse order. "
                 "Both are still recorded."
             )
+
+    def _close_interrupted(self, stack: Any, r: Region, t1: int) -> None:
+        """Close the frames above ``r``'s whose own ``__exit__`` the exception passing
+        through interrupted before it could do anything: a KeyboardInterrupt that a signal
+        handler raised on the first instruction of a Python-level ``__exit__`` (where CPython
+        checks for signals) reaches the enclosing region's exit with the inner frame still
+        open. The traceback names them: each is a call of a region's ``__exit__``."""
+        exc = sys.exc_info()[1]
+        tb = exc.__traceback__ if exc is not None else None
+        cut: list[Any] = []
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if code.co_name == "__exit__":
+                q = tb.tb_frame.f_locals.get("self")
+                if q is not None and q is not r and isinstance(q, _core.RegionBase):
+                    cut.append(q)
+            tb = tb.tb_next
+        if not cut:
+            return
+        frames = stack.frames()
+        below = next((i for i in range(len(frames) - 1, -1, -1) if frames[i].region is r), -1)
+        for q in cut:
+            for i in range(len(frames) - 1, below, -1):
+                if frames[i].region is q:
+                    frame = stack.take(q)
+                    if frame is not None:
+                        self._finish(frame, t1, stack.tid)
+                    break
+
+    def unwind(self, stack: Any, depth: int, r: Region) -> None:
+        """After a Python-level enter of ``r`` raised (a KeyboardInterrupt from a signal
+        handler, raised as a call inside it returned): the frame it pushed, if any (the stack
+        deeper than ``depth`` with ``r`` on top), goes with its NVTX range, as if the call
+        never ran. The general hooks' own repair does this for the core's enter."""
+        if len(stack) <= depth:
+            return
+        top = stack.top()
+        if top is None or top.region is not r:
+            return
+        f = stack.pop()
+        if f.rec is not None and f.start is not None and f.kind == _TIMED:
+            f.rec.give(f.start)
+        if r.nvtx and f.kind != _OFF and f.range_id is None:
+            r.domain.pop()
 
     def begin(self, r: Region) -> Any:
         """Open a detached region (async functions, backward hooks): not on the thread's
@@ -425,7 +475,7 @@ class Recorder:
         region uses. The tree is pruned before the store's generation moves on, so every slot
         taken under the new generation (a region's cached slot is checked against it) is in
         the pruned tree."""
-        with self.lock:
+        with claim(self.lock, "the Timer's results (Timer.reset)"):
             self.tree.prune(self.store.open_slots())
             self.store.reset()
             for source in self.sources:

@@ -233,6 +233,12 @@ class Region(_core.RegionBase):
     def __repr__(self) -> str:
         return f"Region({self.name!r}, timer={self.timer.name!r})"
 
+    def _store_stack(self) -> Any:
+        """This thread's stack of the region's store: the Python-level enters read its depth
+        before the core's, so that an exception raised as the core's enter returns (a
+        KeyboardInterrupt from a signal handler) can tell whether the call was opened."""
+        return self.timer.recorder.store.stack()
+
 
 class _SampledRegion(Region):
     """A region with ``every=N``: its own enter hook decides, so plain regions pay nothing."""
@@ -240,7 +246,14 @@ class _SampledRegion(Region):
     __slots__ = ()
 
     def __enter__(self) -> Region:
-        self.timer.recorder.enter_sampled(self)
+        rec = self.timer.recorder
+        stack = self._store_stack()
+        depth = len(stack)
+        try:
+            rec.enter_sampled(self)
+        except BaseException:  # a KeyboardInterrupt as the hook returned: no frame stays
+            rec.unwind(stack, depth, self)
+            raise
         return self
 
 
@@ -253,9 +266,16 @@ class _Probed:
     probes: tuple[Probe, ...]
 
     def __enter__(self) -> Any:
-        super().__enter__()  # type: ignore[misc]
-        for probe in self.probes:
-            probe.enter(self)
+        stack = self._store_stack()  # type: ignore[attr-defined]  # (a Region's)
+        depth = len(stack)
+        try:
+            super().__enter__()  # type: ignore[misc]
+            for probe in self.probes:
+                probe.enter(self)
+        except BaseException as exc:  # (a KeyboardInterrupt, say): an opened call closes
+            if len(stack) > depth:
+                super().__exit__(type(exc), exc, exc.__traceback__)  # type: ignore[misc]
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -306,9 +326,17 @@ class _BackwardRegion(Region):
 
     def __enter__(self) -> Region:
         seqs = self._seqs
+        stack = self._store_stack()
+        depth = len(stack)
         seqs.stack.append(_backward.seq_now())
         seqs.hooked.append(False)
-        _core.RegionBase.__enter__(self)
+        try:
+            _core.RegionBase.__enter__(self)
+        except BaseException as exc:  # (a KeyboardInterrupt, say): nothing of it stays open
+            if len(stack) > depth:
+                _core.RegionBase.__exit__(self, type(exc), exc, exc.__traceback__)
+            del seqs.stack[depth:], seqs.hooked[depth:]
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
