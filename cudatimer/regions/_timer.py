@@ -94,6 +94,14 @@ def check_name(name: object, what: str = "name") -> str:
             f"{what} {name!r} contains '/', which separates nesting levels in region paths; "
             "nest regions instead, or use another separator such as '.'"
         )
+    if "\x00" in name:
+        # NVTX takes C strings: a range named "a\x00b" read "a" in Nsight while the report
+        # said "a\x00b" (with a tool attached). Refused, as "/" is, so both always agree.
+        raise ValueError(
+            f"{what} {name!r} contains a NUL character ('\\x00'), which NVTX cannot carry "
+            "(its names are C strings: Nsight would show the name cut at it); drop it or "
+            "write it escaped, e.g. name.replace('\\x00', '\\\\x00')"
+        )
     _check_utf8(name, what)
     return name
 
@@ -189,12 +197,13 @@ class Region(_core.RegionBase):
         # What options such as memory=True measure around each call (their classes below
         # run them; a region without any is one of the plain classes, nothing per call).
         self.probes = probes
-        self.domain = timer.domain
         # Decided here, once, so the hooks test plain attributes: attrs is None when NVTX is
-        # off, no tool is attached, or mode="events".
+        # off, no tool is attached, or mode="events"; the region's domain is the Timer's, or
+        # past the process's bound of registered names the plain-message one (see _nvtx).
         self.attrs = (
-            self.domain.attributes(name, color, category, payload) if mode != "events" else None
+            timer.domain.attributes(name, color, category, payload) if mode != "events" else None
         )
+        self.domain: Any = timer.domain.of(self.attrs)
         self.nvtx = self.attrs is not None
         self.timing = mode != "nvtx"  # mode="nvtx": a range in Nsight, nothing recorded
         self.events = self.timing and clock != "host"
