@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextvars
 import math
-import os
 import threading
 import time
 import weakref
@@ -34,6 +33,9 @@ from types import TracebackType
 from typing import Any, NamedTuple
 
 from ..records._hist import HistBuilder
+from ._locks import LockStuckError as _LockStuckError
+from ._locks import claim as _claim
+from ._locks import fork_safe_lock as _fork_safe_lock
 
 _FOLD = HistBuilder.FOLD
 
@@ -61,19 +63,14 @@ _get_ident = threading.get_ident
 _NAN = math.nan
 _isnan = math.isnan
 
-# One lock for every store and stream of this implementation. The hot path only ever tries it
-# (a harvest that finds it taken is left to the thread holding it). Made anew in a forked
-# child: a lock held by another thread of the parent at the fork would never be released there.
-_LOCK = threading.Lock()
-
-
-def _new_lock_in_child() -> None:
-    global _LOCK
-    _LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lock_in_child)
+# One lock for every store and stream of this implementation, taken only by `with` (its C
+# __enter__ cannot be split from the block by a KeyboardInterrupt from a signal handler: an
+# `if _LOCK.acquire(blocking=False): try:` could, raised as the acquire returned, and every
+# later harvest of the process then waited for it). The hot path harvests only when it finds
+# the lock free (a harvest that finds it taken is left to the thread holding it; two threads
+# that both found it free take turns, one harvest long). Made anew in a forked child: a lock
+# held by another thread of the parent at the fork would never be released there.
+_LOCK = _fork_safe_lock()
 
 
 def configure(
@@ -363,11 +360,9 @@ class StreamRec:
         harvest (skipped when another thread holds the lock: it catches up)."""
         pend = self._pending
         pend.append(_Pending(store, slot, gen, start, end, extra, t0, t1, step, tid))
-        if len(pend) >= self._check_at and _LOCK.acquire(blocking=False):
-            try:
+        if len(pend) >= self._check_at and not _LOCK.locked():
+            with _LOCK:  # (see _LOCK)
                 self._harvest()
-            finally:
-                _LOCK.release()
 
     def harvest(self) -> None:
         """Resolve every finished sample, never blocking on the GPU."""
@@ -530,13 +525,13 @@ def pending_total() -> int:
 def clear_pending() -> None:
     """Drop every pending sample without waiting (interpreter exit); leaves them when another
     thread holds the lock for more than 0.5 s (a stuck thread must not hang the exit)."""
-    if not _LOCK.acquire(timeout=0.5):
-        return
     try:
+        lock = _claim(_LOCK, "the core's streams (clearing pending samples at exit)", 0.5)
+    except _LockStuckError:
+        return
+    with lock:
         for rec in _streams.values():
             rec._pending.clear()
-    finally:
-        _LOCK.release()
 
 
 def drain(timeout_s: float, /) -> int:
@@ -1161,11 +1156,9 @@ class RegionBase:
                         f._store = store
                         pend = rec._pending  # type: ignore[union-attr]
                         pend.append(f)
-                        if len(pend) >= rec._check_at and _LOCK.acquire(blocking=False):  # type: ignore[union-attr]
-                            try:
+                        if len(pend) >= rec._check_at and not _LOCK.locked():  # type: ignore[union-attr]
+                            with _LOCK:  # (see _LOCK)
                                 rec._harvest()  # type: ignore[union-attr]
-                            finally:
-                                _LOCK.release()
                     finally:
                         if self._pop is not None:
                             self._pop()

@@ -49,9 +49,10 @@ _SLASH = "\u2215"
 
 
 def _part(name: str) -> str:
-    """A module name (a path part) as a region name may hold it: "/" as U+2215, characters
-    without a UTF-8 form (lone surrogates) as backslash escapes."""
-    return name.replace("/", _SLASH).encode("utf-8", "backslashreplace").decode("utf-8")
+    """A module name (a path part) as a region name may hold it: "/" as U+2215, NUL and
+    characters without a UTF-8 form (lone surrogates) as backslash escapes."""
+    text = name.replace("/", _SLASH).replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class Instrumented:

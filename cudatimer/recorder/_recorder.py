@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import torch
 
 from ..core import _core, _device
-from ..core._locks import ForkSafeLock
+from ..core._locks import claim, fork_safe_lock
 from ..records._hist import Histogram
 from ..records._records import RegionStats, Summary
 from ..records._values import EMPTY
@@ -109,7 +109,7 @@ class Recorder:
         self.store = _core.Store(keep_steps, trace_samples, _steps.STEP_SAMPLE_CAP, self.tree.child)
         # Taken by reset() and by the sources' rare, brief sections (a sync counted) that must
         # not straddle it.
-        self.lock = ForkSafeLock()
+        self.lock = fork_safe_lock()
         # The boundary sources, each holding this recorder's state of it.
         self.compiled = _compile.CompileNotes()
         self.graphs = _capture.Graphs(self)
@@ -160,25 +160,32 @@ class Recorder:
         if not store.enabled:
             stack.push(_core.Frame(r, slot, gen, _OFF))
             return
+        depth = len(stack)
         if r.nvtx:
-            r.domain.push(r.attrs)
-        if not r.timing:
-            stack.push(_core.Frame(r, slot, gen, _NVTX))
-            return
-        if r.events and _device.usable():
-            try:
+            try:  # a C call: an exception from it (run as it returned) came after the push
+                r.domain.push(r.attrs)
+            except BaseException:
+                r.domain.pop()
+                raise
+        try:
+            if not r.timing:
+                stack.push(_core.Frame(r, slot, gen, _NVTX))
+                return
+            if r.events and _device.usable():
                 rec = _device.current_rec()
                 if rec is None:  # capturing a CUDA graph: timestamps in the graph
                     stack.push(self.graphs.frame(r, stack, slot, gen, None))
                     return
                 start = rec.take()
-            except BaseException:
-                if r.nvtx:
-                    r.domain.pop()
-                raise
-            stack.push(_core.Frame(r, slot, gen, _TIMED, rec, start, _now()))
-            return
-        stack.push(_core.Frame(r, slot, gen, _HOST, t0_ns=_now()))
+                stack.push(_core.Frame(r, slot, gen, _TIMED, rec, start, _now()))
+                return
+            stack.push(_core.Frame(r, slot, gen, _HOST, t0_ns=_now()))
+        except BaseException:
+            # Raised before the frame was on the stack (a KeyboardInterrupt as a call here
+            # returned, say): its range goes here; one pushed goes with the frame (the core).
+            if r.nvtx and len(stack) == depth:
+                r.domain.pop()
+            raise
 
     def enter_sampled(self, r: Region) -> None:
         """Enter hook of ``every=N`` regions: time call 0, N, 2N...; count the others."""
@@ -197,9 +204,19 @@ class Recorder:
             return
         # A frame like any other (inner regions nest under it), without events or host time.
         dev = _device.clock_now(r.events)
+        depth = len(stack)
         if r.nvtx:
-            r.domain.push(r.attrs)
-        stack.push(_core.Frame(r, slot, gen, _UNTIMED, dev=dev))
+            try:  # a C call: an exception from it (run as it returned) came after the push
+                r.domain.push(r.attrs)
+            except BaseException:
+                r.domain.pop()
+                raise
+        try:
+            stack.push(_core.Frame(r, slot, gen, _UNTIMED, dev=dev))
+        except BaseException:  # (as in enter)
+            if r.nvtx and len(stack) == depth:
+                r.domain.pop()
+            raise
 
     def exit_block(self, r: Region, exc_type: type[BaseException] | None) -> None:
         """The core's general exit hook: ``exit`` with the block's exception type."""
@@ -231,25 +248,96 @@ class Recorder:
             # torch.compile'd call) never ran the exit mark. Nothing else can leave a compiled
             # region open under an eager one that closes: those frames close here, now.
             while top is not None and top.region is not r and top.region.compiled:
-                self._finish(stack.pop(), t1, stack.tid)
+                self._close(stack, top, t1)
                 top = stack.top()
         if top is not None and top.region is r:
-            self._finish(stack.pop(), t1, stack.tid)
+            self._close(stack, top, t1)
             return
-        frame = stack.take(r)
+        if exc_type is not None:
+            self._close_interrupted(stack, r, t1)
+            top = stack.top()
+            if top is not None and top.region is r:
+                self._close(stack, top, t1)
+                return
+        frame = next((f for f in reversed(stack.frames()) if f.region is r), None)
         if frame is None:
             names = ", ".join(f.region.name for f in stack.frames())
             raise RuntimeError(
                 f"cudatimer: region {r.name!r} exited on this thread without having been "
                 f"entered here (open regions: {names})"
             )
-        self._finish(frame, t1, stack.tid)
+        self._close(stack, frame, t1)
         if clean:
             raise RuntimeError(
                 f"cudatimer: region {r.name!r} was closed while a region opened inside it "
                 f"({top.region.name!r}) is still open; close regions in reverse order. "
                 "Both are still recorded."
             )
+
+    def _close_interrupted(self, stack: Any, r: Region, t1: int) -> None:
+        """Close the frames above ``r``'s whose own ``__exit__`` the exception passing
+        through interrupted before it could do anything: a KeyboardInterrupt that a signal
+        handler raised on the first instruction of a Python-level ``__exit__`` (where CPython
+        checks for signals) reaches the enclosing region's exit with the inner frame still
+        open. The traceback names them: each is a call of a region's ``__exit__``."""
+        exc = sys.exc_info()[1]
+        tb = exc.__traceback__ if exc is not None else None
+        cut: list[Any] = []
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if code.co_name == "__exit__":
+                q = tb.tb_frame.f_locals.get("self")
+                if q is not None and q is not r and isinstance(q, _core.RegionBase):
+                    cut.append(q)
+            tb = tb.tb_next
+        if not cut:
+            return
+        frames = stack.frames()
+        below = next((i for i in range(len(frames) - 1, -1, -1) if frames[i].region is r), -1)
+        for q in cut:
+            for i in range(len(frames) - 1, below, -1):
+                if frames[i].region is q:
+                    self._close(stack, frames[i], t1)
+                    break
+
+    def _close(self, stack: Any, frame: Any, t1: int) -> None:
+        """Take ``frame`` off ``stack`` and record it. An exception raised as the removal
+        returned (a KeyboardInterrupt run then) still records it and pops its NVTX range:
+        a frame off the stack with its range open is the one state nothing else repairs
+        (the core's repair closes frames that are still on the stack)."""
+        n = len(stack)
+        try:
+            if stack.top() is frame:
+                stack.pop()
+            else:
+                stack.take(frame.region)
+        finally:
+            if len(stack) < n and frame.kind != _OFF:
+                try:  # (the range ends here, not in a call whose first instruction could raise)
+                    self._record(frame, t1, stack.tid)
+                finally:
+                    r = frame.region
+                    if r.nvtx:
+                        if frame.range_id is None:
+                            r.domain.pop()
+                        else:
+                            r.domain.end(frame.range_id)
+
+    def unwind(self, stack: Any, depth: int, r: Region) -> None:
+        """After a Python-level enter of ``r`` raised (a KeyboardInterrupt from a signal
+        handler, raised as a call inside it returned): the frame it pushed, if any (the stack
+        deeper than ``depth`` with ``r`` on top), goes with its NVTX range, as if the call
+        never ran. The general hooks' own repair does this for the core's enter."""
+        if len(stack) <= depth:
+            return
+        top = stack.top()
+        if top is None or top.region is not r:
+            return
+        f = stack.pop()
+        if f.rec is not None and f.start is not None and f.kind == _TIMED:
+            f.rec.give(f.start)
+        if r.nvtx and f.kind != _OFF and f.range_id is None:
+            r.domain.pop()
 
     def begin(self, r: Region) -> Any:
         """Open a detached region (async functions, backward hooks): not on the thread's
@@ -291,45 +379,52 @@ class Recorder:
             self._finish(token, _now(), self.store.stack().tid)
 
     def _finish(self, f: Any, t1: int, tid: int) -> None:
-        r = f.region
-        kind = f.kind
-        if kind == _OFF:
+        if f.kind == _OFF:
             return
         try:
-            if kind == _TIMED:
-                rec = f.rec
-                # One stream read (0.14 us) tells whether the region still runs on the stream
-                # and device it started on; side streams and switches take the slower branch.
-                if r.streams or _device.current_key() != rec.key:
-                    self._finish_streams(r, f, t1, tid)
-                    return
-                end = rec.take()
-                step = self.store.step
-                rec.push(self.store, f.slot, f.gen, f.start, end, (), f.t0_ns, t1, step, tid)
-            elif kind in (_HOST, _SKIP):
-                self.store.record(
-                    f.slot,
-                    f.gen,
-                    -1,
-                    _NAN,
-                    (t1 - f.t0_ns) * 1e-6,
-                    self.store.step,
-                    f.t0_ns,
-                    tid,
-                    _NAN,
-                    0,
-                    kind == _SKIP,
-                )
-            elif kind == _UNTIMED:
-                self.store.count(f.slot, f.gen, f.dev)
-            elif kind == _GRAPH:
-                f.start.capture.close(f.start)
+            self._record(f, t1, tid)
         finally:
+            r = f.region
             if r.nvtx:
                 if f.range_id is None:
                     r.domain.pop()
                 else:
                     r.domain.end(f.range_id)
+
+    def _record(self, f: Any, t1: int, tid: int) -> None:
+        """The sample of a closed frame (its NVTX range is ended by the caller)."""
+        r = f.region
+        kind = f.kind
+        if kind == _OFF:
+            return
+        if kind == _TIMED:
+            rec = f.rec
+            # One stream read (0.14 us) tells whether the region still runs on the stream
+            # and device it started on; side streams and switches take the slower branch.
+            if r.streams or _device.current_key() != rec.key:
+                self._finish_streams(r, f, t1, tid)
+                return
+            end = rec.take()
+            step = self.store.step
+            rec.push(self.store, f.slot, f.gen, f.start, end, (), f.t0_ns, t1, step, tid)
+        elif kind in (_HOST, _SKIP):
+            self.store.record(
+                f.slot,
+                f.gen,
+                -1,
+                _NAN,
+                (t1 - f.t0_ns) * 1e-6,
+                self.store.step,
+                f.t0_ns,
+                tid,
+                _NAN,
+                0,
+                kind == _SKIP,
+            )
+        elif kind == _UNTIMED:
+            self.store.count(f.slot, f.gen, f.dev)
+        elif kind == _GRAPH:
+            f.start.capture.close(f.start)
 
     def _finish_streams(self, r: Region, f: Any, t1: int, tid: int) -> None:
         """Exit of a region with side streams, or whose current stream or device changed.
@@ -427,7 +522,7 @@ class Recorder:
         region uses. The tree is pruned before the store's generation moves on, so every slot
         taken under the new generation (a region's cached slot is checked against it) is in
         the pruned tree."""
-        with self.lock:
+        with claim(self.lock, "the Timer's results (Timer.reset)"):
             self.tree.prune(self.store.open_slots())
             self.store.reset()
             for source in self.sources:

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..core import _core
+from ..core._locks import claim
 from ..records._values import Tally, Values, column
 
 __all__ = ["ValueStore"]
@@ -165,7 +166,7 @@ class ValueStore:
 
     def read(self) -> tuple[dict[Key, Values], dict[int, dict[Key, Values]]]:
         """The whole run's values per row, and each kept step's."""
-        with self._lock:
+        with claim(self._lock, "the Timer's per-call values (a report)"):
             return _frozen(self._run), {s: _frozen(t) for s, t in self._steps.items()}
 
     def steps_of(self, steps: Iterable[int]) -> dict[int, dict[Key, Values]]:

@@ -8,11 +8,11 @@ from array import array
 from collections.abc import Iterable
 from typing import Any
 
-from ..core._locks import ForkSafeLock
+from ..core._locks import claim, fork_safe_lock
 from ..records._values import Values
 
 # Taken on a cache miss of child() and by prune(), never on a hit.
-_lock = ForkSafeLock()
+_lock = fork_safe_lock()
 
 
 class Tree:
@@ -62,7 +62,7 @@ class Tree:
     def prune(self, keep: Iterable[int]) -> None:
         """Forget every path but those of ``keep`` and their parents (``reset()``: the slots
         of regions still open). Memory then follows the paths used since, not all ever seen."""
-        with _lock:
+        with claim(_lock, "the region trees (Timer.reset)"):
             info = self.info
             live: dict[int, tuple[str, int, int]] = {}
             for slot in keep:

@@ -98,10 +98,61 @@ def resolve_color(name: str, color: object) -> int:
     raise TypeError(f"color must be a color name or an int 0xRRGGBB, got {type(color).__name__}")
 
 
-class Domain:
-    """One NVTX domain; ``live`` is False when NVTX is off or no tool is attached."""
+#: How many distinct names the process registers as NVTX strings (all domains together). An
+#: attached tool keeps every registered string for the life of the process (NVTX has no call
+#: to forget one): 200,000 distinct names grew a process under a tool by 86 MB that reset()
+#: never gave back. Names past the bound are pushed as plain messages instead (below).
+REGISTERED_NAMES = 4096
 
-    __slots__ = ("_categories", "_d", "live", "name")
+# (domain, name) of every string registered so far: at most REGISTERED_NAMES entries.
+_registered: set[tuple[str, str]] = set()
+
+
+def _nothing(*args: Any) -> None:
+    return None
+
+
+def _plain_calls() -> tuple[Any, Any, Any, Any, Any] | None:
+    """torch's NVTX calls with a plain message (nvtxRangePushA and friends, NVTX's default
+    domain): nothing registered, so nothing kept per name. Builtins, called with no Python
+    frame in between (see push). None where torch was built without NVTX."""
+    try:
+        import torch
+
+        n = torch._C._nvtx
+        return n.rangePushA, n.rangePop, n.rangeStartA, n.rangeEnd, n.markA
+    except (ImportError, AttributeError):  # pragma: no cover - torch without NVTX
+        return None
+
+
+class PlainDomain:
+    """Where a region past ``REGISTERED_NAMES`` pushes its range: a plain message in NVTX's
+    default domain (Nsight shows the name as it is, without the domain's prefix and color);
+    the region's ``attrs`` is then the name itself."""
+
+    __slots__ = ("end", "live", "mark", "pop", "push", "start")
+
+    def __init__(self) -> None:
+        calls: tuple[Any, ...] = _plain_calls() or ()
+        self.live = bool(calls)
+        fns: tuple[Any, ...] = calls or (_nothing,) * 5
+        self.push: Any = fns[0]
+        self.pop: Any = fns[1]
+        self.start: Any = fns[2]
+        self.end: Any = fns[3]
+        self.mark: Any = fns[4]
+
+
+class Domain:
+    """One NVTX domain; ``live`` is False when NVTX is off or no tool is attached.
+
+    ``push``, ``pop``, ``start`` and ``end`` are the nvtx package's own bound methods (C
+    functions): between a Python-level wrapper's first instruction, where CPython runs signal
+    handlers, and its call into NVTX, a KeyboardInterrupt could not be told from one raised
+    after the range was pushed; with no Python frame in between, an exception raised as the
+    call returns always means the range was pushed (the recorder's enter relies on it)."""
+
+    __slots__ = ("_categories", "_d", "end", "live", "name", "plain", "pop", "push", "start")
 
     def __init__(self, name: str, *, enabled: bool = True) -> None:
         self.name = name
@@ -110,28 +161,42 @@ class Domain:
         self._d: Any = _nvtx.get_domain(name) if on and _nvtx is not None else None
         # DummyDomain means no tool was found at the first NVTX call: every call would be a no-op.
         self.live = self._d is not None and type(self._d).__name__ != "DummyDomain"
+        d: Any = self._d
+        if self.live:
+            self.push, self.pop = d.push_range, d.pop_range
+            self.start, self.end = d.start_range, d.end_range
+        else:
+            self.push = self.pop = self.start = self.end = _nothing
+        self.plain: PlainDomain | None = None  # made when a name first goes past the bound
 
     def attributes(
         self, message: str, color: int, category: int | str | None, payload: float | None
     ) -> Any:
-        """Build (once per region and option set) the attributes pushed on every call."""
+        """Build (once per region and option set) the attributes pushed on every call. None
+        when NVTX is off; past ``REGISTERED_NAMES`` names, the message itself, pushed
+        through ``plain_domain()`` (``registered(message)`` tells which)."""
         if not self.live:
             return None
+        key = (self.name, message)
+        if key not in _registered:
+            if len(_registered) >= REGISTERED_NAMES:
+                return message if self.plain_domain().live else None
+            _registered.add(key)
         return self._d.get_event_attributes(
             message=message, color=color, category=category, payload=payload
         )
 
-    def push(self, attrs: Any) -> None:
-        self._d.push_range(attrs)
+    def plain_domain(self) -> PlainDomain:
+        if self.plain is None:
+            self.plain = PlainDomain()
+        return self.plain
 
-    def pop(self) -> None:
-        self._d.pop_range()
-
-    def start(self, attrs: Any) -> Any:
-        return self._d.start_range(attrs)
-
-    def end(self, range_id: Any) -> None:
-        self._d.end_range(range_id)
+    def of(self, attrs: Any) -> Domain | PlainDomain:
+        """The domain that pushes ``attrs`` (what ``attributes`` returned)."""
+        return self.plain_domain() if isinstance(attrs, str) else self
 
     def mark(self, attrs: Any) -> None:
-        self._d.mark(attrs)
+        if isinstance(attrs, str):
+            self.plain_domain().mark(attrs)
+        else:
+            self._d.mark(attrs)

@@ -96,6 +96,14 @@ def check_name(name: object, what: str = "name") -> str:
             f"{what} {name!r} contains '/', which separates nesting levels in region paths; "
             "nest regions instead, or use another separator such as '.'"
         )
+    if "\x00" in name:
+        # NVTX takes C strings: a range named "a\x00b" read "a" in Nsight while the report
+        # said "a\x00b" (with a tool attached). Refused, as "/" is, so both always agree.
+        raise ValueError(
+            f"{what} {name!r} contains a NUL character ('\\x00'), which NVTX cannot carry "
+            "(its names are C strings: Nsight would show the name cut at it); drop it or "
+            "write it escaped, e.g. name.replace('\\x00', '\\\\x00')"
+        )
     _check_utf8(name, what)
     return name
 
@@ -194,12 +202,13 @@ class Region(_core.RegionBase):
         self.probes = probes
         # flops=True: the counts of its signatures (a decorated callable's), its last count.
         self.flop_state = _flops.RegionFlops() if _flops.FLOPS in probes else None
-        self.domain = timer.domain
         # Decided here, once, so the hooks test plain attributes: attrs is None when NVTX is
-        # off, no tool is attached, or mode="events".
+        # off, no tool is attached, or mode="events"; the region's domain is the Timer's, or
+        # past the process's bound of registered names the plain-message one (see _nvtx).
         self.attrs = (
-            self.domain.attributes(name, color, category, payload) if mode != "events" else None
+            timer.domain.attributes(name, color, category, payload) if mode != "events" else None
         )
+        self.domain: Any = timer.domain.of(self.attrs)
         self.nvtx = self.attrs is not None
         self.timing = mode != "nvtx"  # mode="nvtx": a range in Nsight, nothing recorded
         self.events = self.timing and clock != "host"
@@ -238,6 +247,12 @@ class Region(_core.RegionBase):
     def __repr__(self) -> str:
         return f"Region({self.name!r}, timer={self.timer.name!r})"
 
+    def _store_stack(self) -> Any:
+        """This thread's stack of the region's store: the Python-level enters read its depth
+        before the core's, so that an exception raised as the core's enter returns (a
+        KeyboardInterrupt from a signal handler) can tell whether the call was opened."""
+        return self.timer.recorder.store.stack()
+
 
 class _SampledRegion(Region):
     """A region with ``every=N``: its own enter hook decides, so plain regions pay nothing."""
@@ -245,7 +260,14 @@ class _SampledRegion(Region):
     __slots__ = ()
 
     def __enter__(self) -> Region:
-        self.timer.recorder.enter_sampled(self)
+        rec = self.timer.recorder
+        stack = self._store_stack()
+        depth = len(stack)
+        try:
+            rec.enter_sampled(self)
+        except BaseException:  # a KeyboardInterrupt as the hook returned: no frame stays
+            rec.unwind(stack, depth, self)
+            raise
         return self
 
 
@@ -258,9 +280,16 @@ class _Probed:
     probes: tuple[Probe, ...]
 
     def __enter__(self) -> Any:
-        super().__enter__()  # type: ignore[misc]
-        for probe in self.probes:
-            probe.enter(self)
+        stack = self._store_stack()  # type: ignore[attr-defined]  # (a Region's)
+        depth = len(stack)
+        try:
+            super().__enter__()  # type: ignore[misc]
+            for probe in self.probes:
+                probe.enter(self)
+        except BaseException as exc:  # (a KeyboardInterrupt, say): an opened call closes
+            if len(stack) > depth:
+                super().__exit__(type(exc), exc, exc.__traceback__)  # type: ignore[misc]
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -335,9 +364,17 @@ class _BackwardRegion(Region):
 
     def __enter__(self) -> Region:
         seqs = self._seqs
+        stack = self._store_stack()
+        depth = len(stack)
         seqs.stack.append(_backward.seq_now())
         seqs.hooked.append(False)
-        _core.RegionBase.__enter__(self)
+        try:
+            _core.RegionBase.__enter__(self)
+        except BaseException as exc:  # (a KeyboardInterrupt, say): nothing of it stays open
+            if len(stack) > depth:
+                _core.RegionBase.__exit__(self, type(exc), exc, exc.__traceback__)
+            del seqs.stack[depth:], seqs.hooked[depth:]
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:

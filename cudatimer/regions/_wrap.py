@@ -175,18 +175,17 @@ def wrap(fn: Any, region: Region, entry: bool = True) -> Any:
     # region's own pair keeps the bookkeeping of `with` blocks for backward_from (and warns
     # when a block never calls it); a decorated call hooks its outputs itself, so it takes the
     # core's pair.
-    if site is not None:
-        r_enter = _core.RegionBase.__enter__.__get__(region)
-        r_exit = _core.RegionBase.__exit__.__get__(region)
-    else:
-        r_enter, r_exit = region.__enter__, region.__exit__
+    plain = site is None
+    r_enter = _core.RegionBase.__enter__.__get__(region)
+    r_exit = _core.RegionBase.__exit__.__get__(region)
     # flops=True: the call counted inside the region, once per input signature; the
     # region's own flops probe (for `with` blocks and compiled calls) left out of the eager
     # path. Traced code takes the plain call: Dynamo must not inline the counting.
     eager = call
     if getattr(region, "flop_state", None) is not None:
         eager = _flops.counted(call, region)
-        if site is None:
+        if plain:
+            plain = False
             r_enter, r_exit = region.hooks_without("flops")  # type: ignore[attr-defined]
     # Ints, so that Dynamo folds them into the graph where it inlines this wrapper.
     key, timer_key = _compile.key_of(region), region.timer.compile_key
@@ -197,11 +196,21 @@ def wrap(fn: Any, region: Region, entry: bool = True) -> Any:
             return _compile.call(key, timer_key, call, args, kwargs)
         if not store.enabled:
             return call(*args, **kwargs)
-        r_enter()
+        if plain:
+            # A `with` statement: no exception (a KeyboardInterrupt from a signal handler,
+            # raised as a call returns) can come between the enter and the block that exits.
+            with region:
+                return call(*args, **kwargs)
+        # The core's own pair, called by hand: an exception raised as the enter returns lands
+        # in the `try`, and the stack's depth tells whether the enter had opened the call.
+        stack = store.stack()
+        depth = len(stack)
         try:
+            r_enter()
             result = eager(*args, **kwargs)
         except BaseException as exc:
-            r_exit(type(exc), exc, exc.__traceback__)
+            if len(stack) > depth:
+                r_exit(type(exc), exc, exc.__traceback__)
             raise
         r_exit(None, None, None)
         return result

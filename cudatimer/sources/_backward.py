@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..core._locks import ForkSafeLock
+from ..core._locks import fork_safe_lock
 from . import _compile
 from ._compile import tensors_in
 from ._source import TIMERS, Host
@@ -66,7 +66,7 @@ class BackwardRows:
         # A site's number in compiled code -> the site. Never cleared: a module hooked before
         # a reset() keeps its number, and Dynamo may trace it again after.
         self.sites: list[Site] = []
-        self._lock = ForkSafeLock()
+        self._lock = fork_safe_lock()
 
     def begin_at(self, r: Any, path: tuple[str, ...]) -> Any:
         """``Recorder.begin`` at a fixed path from the tree's root, whatever is open on this

@@ -30,7 +30,6 @@ shows as one graph launch with its kernels (``nsys --cuda-graph-trace=node`` sho
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import weakref
@@ -42,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import _core, _device
-from ..core._locks import ForkSafeLock
+from ..core._locks import LockStuckError, claim, fork_safe_lock
 from ._source import Host
 
 _now = _core.now_ns
@@ -72,7 +71,7 @@ DEFAULT_CAP = 1 << 18
 # Copies in flight per graph at most (each holds a pinned buffer of the ring's size).
 MAX_COPIES = 8
 
-_lock = ForkSafeLock()
+_lock = fork_safe_lock()
 _local = threading.local()  # .capture: the Capture this thread's stream records into
 _by_graph: dict[int, Capture] = {}  # id(graph) -> its capture (replays look it up)
 _retired: list[Capture] = []  # graphs reset, recaptured or collected with replays unread
@@ -80,7 +79,7 @@ cap_words = DEFAULT_CAP  # tests make it small
 # Captures begun through torch's CUDAGraph and not ended yet (every thread), counted under
 # _quiet: a reader on another thread (cudatimer.live) holds it while it records or queries
 # events, so no capture begins meanwhile (see no_capture).
-_quiet = threading.Lock()
+_quiet = fork_safe_lock()  # a reader thread of the parent may hold it at a fork
 _open = [0]
 # A reader waits this long at most for the capture bookkeeping (a capture beginning holds
 # the lock for a few bytecodes): past it, it takes the moment as not quiet.
@@ -156,7 +155,7 @@ class Capture:
         default_factory=dict
     )
     offset_ns: float = float("inf")  # GPU clock minus host clock, least seen (trace placement)
-    lock: ForkSafeLock = field(default_factory=ForkSafeLock)
+    lock: Any = field(default_factory=fork_safe_lock)
 
     # -- capture ------------------------------------------------------------------------
     def boundary(self) -> int:
@@ -582,27 +581,18 @@ def no_capture() -> Iterator[bool]:
     ``quiet`` is False when one is under way on some thread, and the block must then make no
     CUDA call: in torch's default capture mode ("global") an event query or record from
     another thread ruins the capture. Captures begun outside ``CUDAGraph`` are not seen."""
-    if not _quiet.acquire(timeout=_QUIET_WAIT_S):  # held by this very thread (a signal
-        yield False  # handler run inside _opened) or stuck: not a moment for CUDA calls
+    try:  # held by this very thread (a signal handler run inside _opened) or stuck:
+        lock = claim(_quiet, "CUDA graph captures under way", _QUIET_WAIT_S)
+    except LockStuckError:
+        yield False  # not a moment for CUDA calls
         return
-    try:
+    with lock:  # (taken by `with` only: see core._locks)
         yield _open[0] == 0
-    finally:
-        _quiet.release()
 
 
 def _opened(n: int) -> None:
     with _quiet:
         _open[0] = max(0, _open[0] + n)
-
-
-def _renew_quiet_in_child() -> None:
-    global _quiet
-    _quiet = threading.Lock()  # a reader thread of the parent may have held it at the fork
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_renew_quiet_in_child)
 
 
 # -- torch's CUDAGraph ------------------------------------------------------------------

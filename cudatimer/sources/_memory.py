@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from ..core import _core, _device
-from ..core._locks import ForkSafeLock
+from ..core._locks import fork_safe_lock
 from ..records._values import Column, register
 
 __all__ = [
@@ -203,7 +203,7 @@ class Tracker:
     events of all Timers) and their replay against the allocator's events."""
 
     def __init__(self) -> None:
-        self._lock = ForkSafeLock()
+        self._lock = fork_safe_lock()
         self._seq = itertools.count(1)
         self._local = _Local()
         self._alloc: _device.Allocator | None = None

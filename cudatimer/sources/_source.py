@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..core._locks import ForkSafeLock
+from ..core._locks import fork_safe_lock
 
 __all__ = ["TIMERS", "Host", "Probe", "Registry", "Source"]
 
@@ -118,7 +118,7 @@ class Registry:
     def __init__(self) -> None:
         self._by_key: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self._keys = itertools.count()
-        self._lock = ForkSafeLock()
+        self._lock = fork_safe_lock()
 
     def add(self, timer: Any) -> int:
         """Register ``timer`` (held weakly); returns its number."""

@@ -4,6 +4,7 @@ recorder's side of ``detect_syncs()`` (``features/_syncs.py`` finds them, this c
 
 from __future__ import annotations
 
+from ..core._locks import claim
 from ..records._records import SyncSite
 from ._source import Host
 
@@ -44,7 +45,7 @@ class SyncCounts:
     def read(self) -> tuple[dict[int, int], tuple[SyncSite, ...]]:
         """The counts per slot, and the sites as records, most frequent first."""
         tree = self.host.tree
-        with self.host.lock:
+        with claim(self.host.lock, "the Timer's sync counts (a report)"):
             per_slot = dict(self.per_slot)
             sites = dict(self.sites)
         return per_slot, tuple(

@@ -302,3 +302,13 @@ def test_instrument_names_slashes_and_odd_module_names() -> None:
     with cudatimer.instrument(model, include="a/*", timer=t2) as only:
         model(torch.zeros(1, 2))
     assert only.regions == {"a/b": "a\u2215b"}
+
+
+def test_region_name_with_nul_is_refused() -> None:
+    """A NUL in a region name is a ValueError naming it (NVTX would cut the name there)."""
+    import pytest as _pytest
+
+    import cudatimer as _ct
+
+    with _pytest.raises(ValueError, match="NUL"):
+        _ct.Timer(name="nul").region("a\x00b")
