@@ -175,7 +175,11 @@ def wrap(fn: Any, region: Region, entry: bool = True) -> Any:
     # region's own pair keeps the bookkeeping of `with` blocks for backward_from (and warns
     # when a block never calls it); a decorated call hooks its outputs itself, so it takes the
     # core's pair.
-    if site is not None:
+    r_enter: Callable[[], Any]
+    if site is not None and region.counter is not None:  # every=N: the sampled enter hook
+        r_enter = functools.partial(rec.enter_sampled, region)
+        r_exit = _core.RegionBase.__exit__.__get__(region)
+    elif site is not None:
         r_enter = _core.RegionBase.__enter__.__get__(region)
         r_exit = _core.RegionBase.__exit__.__get__(region)
     else:

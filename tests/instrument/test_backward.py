@@ -410,7 +410,6 @@ def test_no_rows_without_grad_or_with_the_timer_off() -> None:
     ("make", "error", "text"),
     [
         (lambda t: t.region("r", backward="yes"), TypeError, "backward must be a bool"),
-        (lambda t: t.region("r", backward=True, every=4), ValueError, "every=4"),
         (lambda t: t.region("r", backward=True).backward_from(), TypeError, "outputs"),
         (lambda t: t.region("r", backward=True).backward_from(1), TypeError, "outputs\\[0\\]"),
         (lambda t: t.region("r", backward=True).backward_from(X), RuntimeError, "outside"),
@@ -420,7 +419,7 @@ def test_no_rows_without_grad_or_with_the_timer_off() -> None:
             "backward=True",
         ),
     ],
-    ids=["not-bool", "every", "no-outputs", "not-tensor", "outside-block", "generator"],
+    ids=["not-bool", "no-outputs", "not-tensor", "outside-block", "generator"],
 )
 def test_bad_input_names_the_argument(make: Any, error: type[Exception], text: str) -> None:
     """Bad backward arguments fail at once with the argument's name."""
