@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -338,7 +339,9 @@ def watch(out: Any, first: int, site: Site, bounded: bool = False) -> None:
         # later gives it a new node and no dict (torch drops it): the hook stays on the node
         # that made the call's output, and a hook the user registers then goes to the new
         # node, as without cudatimer.
-        tensor._backward_hooks = {_KEY: hook}  # type: ignore[dict-item]
+        hooks: OrderedDict[Any, Any] = OrderedDict()  # torch's handles weakref it
+        hooks[_KEY] = hook
+        tensor._backward_hooks = hooks
         node._register_hook_dict(tensor)  # type: ignore[union-attr]
     else:
         node.register_prehook(hook)  # type: ignore[union-attr]
