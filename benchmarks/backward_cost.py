@@ -1,23 +1,38 @@
-"""What ``instrument(model, backward=True)`` costs: host time per module per training step
-(CPU), and on a GPU the step-time ratios and the backward coverage.
+"""What a backward row costs against a forward row, in host time, measured in one run; the
+training step with each; and whether backward rows grow over a long run.
 
-On the CPU a GPT-2-style model (``_workloads.GPT``) trains with forward, cross-entropy and
-backward (no optimizer: it touches no module). The model is tiny (width 16, 8 tokens), so the
-step is almost all host work and the difference between the variants is the instrumentation's
-host cost; it is divided by the number of instrumented modules.
+Three variants of one training step run interleaved (order rotated by one each round, >= 9
+rounds): ``plain`` (nothing), ``forward`` (``instrument(model)``) and ``backward``
+(``instrument(model, backward=True)``: forward and backward rows). Each step's host time is
+taken in two parts: the forward (the model and its loss) and ``loss.backward()``. Per round:
 
-On a GPU (``--device cuda``) two training steps are timed: a 6-layer HF GPT-2
-(batch 8 x 512, bf16 autocast, fused AdamW; ``_workloads.GPT`` with the same sizes where
-transformers is missing) and torchvision's ResNet-50 (batch 256, channels_last, bf16, SGD).
-Each step runs plain, with every module's forward instrumented, with ``backward=True``, and
-as the floor: a do-nothing Python pre-hook where ``backward=True`` puts its hook, no cudatimer;
-the targets are <= 1.05x (GPT-2) and <= 1.03x (ResNet-50) for ``backward``. One more
-instrumented step per round, with a region around ``loss.backward()``, gives the coverage:
-the share of the ``<Model>.backward`` root that its child rows cover (target >= 95%), and the
-share of the whole ``loss.backward()`` that the root covers.
+- a forward row: (forward with forward rows - plain forward) / forward rows a step;
+- a backward row, in ``loss.backward()``: (its time with backward rows - with forward rows
+  only) / backward rows a step; its forward side (the hook set when a call runs forward):
+  (forward with backward rows - with forward rows only) / backward rows a step; and the two
+  together, the whole cost of a backward row, against a forward row's (the target: <= 2x).
 
-    python benchmarks/backward_cost.py                          # CPU: us per module per step
-    python benchmarks/backward_cost.py --device cuda --rounds 16 --out backward_cost.json  # GPU
+Medians over rounds, with the spread (min-max). Rows a step are counted from the summary.
+
+On the CPU: 64 x (Linear(32) + Tanh), batch 8, one intra-op thread, the host clock; host
+time is this process's CPU time (other jobs on a shared machine moved wall time by 2x
+between runs, CPU time by a few %). On a GPU (``--device cuda``): the 6-layer HF GPT-2
+(batch 8 x 256, bf16 autocast, fused AdamW; ``_workloads.GPT`` of the same sizes where
+transformers is missing); host time is wall time (``loss.backward()`` launches from
+autograd's thread, whose CPU time this thread's clock misses), and the step time of each
+variant is taken between two synchronizations (targets: <= 12 us a backward row, <= 1.05x
+the plain step with backward rows). Then the coverage of the ``<Model>.backward`` root.
+
+``--steps N``: the growth check, N steps with backward rows in one instrumented run (no
+reset): the mean step of the last 100 against the 100 after warm-up (target: within 2%),
+beside plain steps before and after (the machine's own drift).
+
+    python benchmarks/backward_cost.py                                     # CPU, 15 rounds
+    python benchmarks/backward_cost.py --smoke                             # CPU, seconds
+    python benchmarks/backward_cost.py --device cuda --rounds 9 --steps 1000 --out bw.json
+
+``rotated_rounds``, ``_time``, ``_bare_hooks``, ``_cpu_model`` and ``_gpt2_cuda`` are also
+``floors.py``'s.
 """
 
 from __future__ import annotations
@@ -46,9 +61,9 @@ from torch import nn
 import cudatimer
 
 # Steps per timing and timings per variant; the environment variable keeps the smoke test short.
-STEPS = int(os.environ.get("CUDATIMER_BENCH_N", "100"))
+STEPS = int(os.environ.get("CUDATIMER_BENCH_N", "40"))
 ROUNDS = 15
-VARIANTS = ("plain", "forward", "backward", "floor")
+VARIANTS = ("plain", "forward", "backward")
 # A step with a context manager around its backward call (a region, or nothing).
 Step = Callable[[Callable[[], contextlib.AbstractContextManager[Any]]], None]
 
@@ -74,19 +89,19 @@ def _cpu_model() -> tuple[nn.Module, Step]:
     return model, step
 
 
-def _gpt2_cuda() -> tuple[nn.Module, Step, str]:
-    """The GPU step: 6-layer GPT-2 (768 wide, 12 heads), batch 8 x 512, bf16, AdamW."""
+def _gpt2_cuda(seq: int = 512) -> tuple[nn.Module, Step, str]:
+    """The GPU step: 6-layer GPT-2 (768 wide, 12 heads), batch 8 x ``seq``, bf16, AdamW."""
     torch.manual_seed(0)
-    batch, seq, vocab = 8, 512, 50257
+    batch, vocab = 8, 50257
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
 
         model: nn.Module = GPT2LMHeadModel(GPT2Config(n_layer=6, n_positions=seq)).cuda()
-        what = "HF GPT2LMHeadModel, 6 x 768, 12 heads, batch 8 x 512, bf16 autocast, fused AdamW"
+        what = f"HF GPT2LMHeadModel, 6 x 768, 12 heads, batch 8 x {seq}, bf16 autocast, fused AdamW"
         hf = True
     except ImportError:
         model = GPT(GPTConfig(seq=seq, layers=6)).cuda()
-        what = "_workloads.GPT, 6 x 768, 12 heads, batch 8 x 512, bf16 autocast, fused AdamW"
+        what = f"_workloads.GPT, 6 x 768, 12 heads, batch 8 x {seq}, bf16 autocast, fused AdamW"
         hf, vocab = False, GPTConfig.vocab
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     idx = torch.randint(0, vocab, (batch, seq), device="cuda")
@@ -211,122 +226,264 @@ def rotated_rounds(
     return times, ratios
 
 
-def _measure(model: nn.Module, step: Step, device: str, steps: int, rounds: int) -> dict[str, Any]:
-    """Interleaved rounds of the three variants, then the coverage steps."""
+def _stack_cpu(smoke: bool) -> tuple[nn.Module, Step, str]:
+    """The CPU step: 64 x (Linear(32) + Tanh), batch 8 (smoke: 8 layers); no optimizer (it
+    touches no module). Small layers: the step is almost all host work."""
+    torch.set_num_threads(1)  # see _cpu_model
+    torch.manual_seed(0)
+    layers = 8 if smoke else 64
+    model = nn.Sequential(*(m for _ in range(layers) for m in (nn.Linear(32, 32), nn.Tanh())))
+    x = torch.randn(8, 32)
+
+    def step(around: Callable[[], contextlib.AbstractContextManager[Any]]) -> None:
+        loss = model(x).square().mean()
+        with around():
+            loss.backward()  # type: ignore[no-untyped-call]
+        for p in model.parameters():
+            p.grad = None
+
+    return model, step, f"{layers} x (Linear(32) + Tanh), batch 8, CPU, host clock"
+
+
+class _Split:
+    """The clock read where ``loss.backward()`` starts and ends (the ``around`` of a step)."""
+
+    __slots__ = ("clock", "t_enter", "t_exit")
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.t_enter = self.t_exit = 0.0
+
+    def __call__(self) -> _Split:
+        return self
+
+    def __enter__(self) -> None:
+        self.t_enter = self.clock()
+
+    def __exit__(self, *exc: object) -> None:
+        self.t_exit = self.clock()
+
+
+def _sync(device: str) -> None:
+    if device != "cpu":
+        torch.cuda.synchronize()
+
+
+def _timed_block(step: Step, device: str, steps: int) -> dict[str, float]:
+    """Seconds a step: ``forward`` (model and loss) and ``backward`` (``loss.backward()``)
+    host time, summed per step; ``step``: a step's time between two synchronizations (the
+    CPU: the sum of its CPU time)."""
+    clock = time.process_time if device == "cpu" else time.perf_counter
+    split = _Split(clock)
+    fwd = bwd = 0.0
+    _sync(device)
+    gc.collect()
+    t_start = clock()
+    for _ in range(steps):
+        t0 = clock()
+        step(split)
+        fwd += split.t_enter - t0
+        bwd += split.t_exit - split.t_enter
+    _sync(device)
+    return {"forward": fwd / steps, "backward": bwd / steps, "step": (clock() - t_start) / steps}
+
+
+def _rows(s: Any, steps: int) -> tuple[float, float]:
+    """Forward rows and backward rows a step in summary ``s`` (calls of one clock each)."""
+    fwd = bwd = 0
+    seen: set[str] = set()
+    for r in s.regions:
+        if r.name in seen:
+            continue
+        seen.add(r.name)
+        if r.name.split("/", 1)[0].endswith(".backward"):
+            bwd += r.calls
+        else:
+            fwd += r.calls
+    return fwd / steps, bwd / steps
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def measure(model: nn.Module, step: Step, device: str, steps: int, rounds: int) -> dict[str, Any]:
+    """Interleaved rounds of plain, forward rows and forward + backward rows: host time per
+    forward row and per backward row, each round's step ratios; then the coverage."""
     timer = cudatimer.Timer(name="backward-cost")
     for _ in range(3):
         step(contextlib.nullcontext)  # warm up: allocator, kernels, autotuning
-    # Each round times plain, forward, backward and the floor (a do-nothing Python pre-hook
-    # where backward=True puts its hook, without cudatimer) in a rotated order and plain once
-    # more at its end; a variant's ratio is taken against the mean of its own round's two
-    # plain blocks.
-    # On the H200 machine the plain step moved between 21.9 and 24.5 ms from one block to the
-    # next (one run, 5 rounds): ratios of medians taken across rounds read 1.15x where the
-    # same code had read 1.02x on a quieter machine.
-    modules = 0
+    rows: dict[str, tuple[float, float]] = {}
+    got: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
 
     def block(variant: str) -> float:
-        nonlocal modules
         if variant == "plain":
-            return _time(step, device, steps)
-        if variant == "floor":
-            with _bare_hooks(model):
-                step(contextlib.nullcontext)
-                return _time(step, device, steps)
-        with cudatimer.instrument(model, backward=variant == "backward", timer=timer) as handle:
-            modules = len(handle)
+            got["plain"].append(_timed_block(step, device, steps))
+            return got["plain"][-1]["step"]
+        with cudatimer.instrument(model, backward=variant == "backward", timer=timer):
             step(contextlib.nullcontext)
-            seconds = _time(step, device, steps)
-        timer.summary()  # resolves every sample: nothing left pending
+            timer.reset()  # the warm step's rows out of the count
+            got[variant].append(_timed_block(step, device, steps))
+        rows[variant] = _rows(timer.summary(), steps)  # resolves every sample
         timer.reset()
-        return seconds
+        return got[variant][-1]["step"]
 
-    times, ratios = rotated_rounds({v: functools.partial(block, v) for v in VARIANTS}, rounds)
+    # Each round's ratios against the mean of its two plain blocks (rotated_rounds: plain
+    # once more at the round's end): on the H200 machine the plain step moved between 21.9
+    # and 24.5 ms from one block to the next, so ratios across rounds mislead.
+    _, ratios = rotated_rounds({v: functools.partial(block, v) for v in VARIANTS}, rounds)
+    # Two plain blocks a round: its own (in its rotated place) and the closing one.
+    plain = got["plain"]
+    plain_pairs = [
+        {k: (plain[2 * i][k] + plain[2 * i + 1][k]) / 2 for k in plain[0]} for i in range(rounds)
+    ]
+    fw_rows = rows["forward"][0]
+    bw_rows = rows["backward"][1]
+    per: dict[str, list[float]] = {
+        "forward_row_us": [],
+        "backward_row_in_backward_us": [],
+        "backward_row_in_forward_us": [],
+        "backward_row_us": [],
+        "backward_over_forward_row": [],
+    }
+    for i in range(rounds):
+        p, f, b = plain_pairs[i], got["forward"][i], got["backward"][i]
+        fwd_row = (f["forward"] - p["forward"]) / fw_rows * 1e6
+        in_bwd = (b["backward"] - f["backward"]) / bw_rows * 1e6
+        in_fwd = (b["forward"] - f["forward"]) / bw_rows * 1e6
+        per["forward_row_us"].append(fwd_row)
+        per["backward_row_in_backward_us"].append(in_bwd)
+        per["backward_row_in_forward_us"].append(in_fwd)
+        per["backward_row_us"].append(in_bwd + in_fwd)
+        per["backward_over_forward_row"].append((in_bwd + in_fwd) / fwd_row)
+    out: dict[str, Any] = {
+        "steps": steps,
+        "rounds": rounds,
+        "forward_rows_per_step": fw_rows,
+        "backward_rows_per_step": bw_rows,
+        "step_ms": {v: _spread([g["step"] * 1e3 for g in got[v]]) for v in VARIANTS},
+        "ratio": {v: _spread(r) for v, r in ratios.items()},
+        "ratios": {v: [round(x, 4) for x in r] for v, r in ratios.items()},
+    }
+    for k, v in per.items():
+        out[k] = _spread(v)
+        out[f"{k}_rounds"] = [round(x, 3) for x in v]
     # Coverage, apart from the timings: the same step with a region around loss.backward().
     cov_timer = cudatimer.Timer(name="backward-coverage")
     with cudatimer.instrument(model, backward=True, timer=cov_timer) as handle:
-        for _ in range(steps):
+        for _ in range(min(steps, 10)):
             step(lambda: cov_timer.region("loss.backward"))
     s = cov_timer.summary()
     root_name = handle.backward_regions[""]
     clock = "host" if device == "cpu" else "cuda:0"
-    root = s.get(root_name, clock=clock)
-    whole = s.get("loss.backward", clock=clock)
     covs = [c for c in s.backward_coverage if c.clock == clock and c.region == root_name]
-    out: dict[str, Any] = {"modules": modules, "steps": steps, "rounds": rounds}
-    for v in VARIANTS:
-        out[f"{v}_ms_median"] = statistics.median(times[v]) * 1e3
-        out[f"{v}_ms_best"] = min(times[v]) * 1e3
-    for v in VARIANTS[1:]:
-        out[f"{v}_ratio_median"] = statistics.median(ratios[v])
-        out[f"{v}_ratios"] = [round(r, 4) for r in ratios[v]]
-        out[f"{v}_ratio_best"] = out[f"{v}_ms_best"] / out["plain_ms_best"]
-    # What cudatimer adds on top of torch's own cost of Python pre-hooks, round by round.
-    out["backward_over_floor_median"] = statistics.median(
-        b / f for b, f in zip(times["backward"], times["floor"], strict=True)
-    )
-    if covs and root is not None and whole is not None:
+    if covs:
         out["coverage"] = covs[0].fraction
-        out["uncovered_ms_per_step"] = covs[0].uncovered_ms / steps
-        out["root_ms_per_step"] = root.total_ms / steps
-        out["loss_backward_ms_per_step"] = whole.total_ms / steps
-        out["root_of_whole_backward"] = root.total_ms / whole.total_ms
     return out
 
 
-def _print(name: str, what: str, r: dict[str, Any]) -> None:
-    print(f"{name}: {what}; {r['modules']} modules, {r['steps']} steps x {r['rounds']} rounds")
+def growth(model: nn.Module, step: Step, device: str, steps: int) -> dict[str, Any]:
+    """``steps`` steps with backward rows in one run (no reset): the mean step of the last
+    ``window`` against the ``window`` after warm-up, with plain windows before and after."""
+    window = min(100, max(steps // 5, 1))
+    warm = min(50, window)
+    timer = cudatimer.Timer(name="backward-growth")
+    plain_before = _timed_block(step, device, window)["step"]
+    with cudatimer.instrument(model, backward=True, timer=timer):
+        for _ in range(warm):
+            step(contextlib.nullcontext)
+        first = _timed_block(step, device, window)["step"]
+        for _ in range(max(steps - warm - 2 * window, 0)):
+            step(contextlib.nullcontext)
+        last = _timed_block(step, device, window)["step"]
+    s = timer.summary()
+    plain_after = _timed_block(step, device, window)["step"]
+    return {
+        "steps": steps,
+        "window": window,
+        "first_ms": first * 1e3,
+        "last_ms": last * 1e3,
+        "last_over_first": last / first,
+        "plain_before_ms": plain_before * 1e3,
+        "plain_after_ms": plain_after * 1e3,
+        "plain_after_over_before": plain_after / plain_before,
+        "rows": len(s.regions),
+    }
+
+
+def _fmt(d: dict[str, float], unit: str = "", digits: int = 2) -> str:
+    return f"{d['median']:.{digits}f}{unit} ({d['min']:.{digits}f}-{d['max']:.{digits}f})"
+
+
+def _print(what: str, r: dict[str, Any]) -> None:
+    print(
+        f"{what}; {r['steps']} steps x {r['rounds']} rounds; rows a step: "
+        f"{r['forward_rows_per_step']:.0f} forward, {r['backward_rows_per_step']:.0f} backward"
+    )
     for v in VARIANTS:
-        med, best = r[f"{v}_ms_median"], r[f"{v}_ms_best"]
-        ratio = "" if v == "plain" else f"  {r[f'{v}_ratio_median']:.3f}x median of rounds"
-        ratio += "" if v == "plain" else f"  {r[f'{v}_ratio_best']:.3f}x of best blocks"
-        print(f"  {v:9s} {med:8.3f} ms/step median  {best:8.3f} best{ratio}")
-    print(f"  backward / floor {r['backward_over_floor_median']:.3f}x median of rounds")
+        ratio = "" if v == "plain" else f"  {_fmt(r['ratio'][v], 'x', 3)} plain"
+        print(f"  step {v:9s} {_fmt(r['step_ms'][v], ' ms', 3)}{ratio}")
+    print(f"  forward row                  {_fmt(r['forward_row_us'], ' us')}")
+    print(f"  backward row in backward()   {_fmt(r['backward_row_in_backward_us'], ' us')}")
+    print(f"  backward row, forward side   {_fmt(r['backward_row_in_forward_us'], ' us')}")
+    print(f"  backward row                 {_fmt(r['backward_row_us'], ' us')}")
+    print(f"  backward row / forward row   {_fmt(r['backward_over_forward_row'], 'x')}")
     if "coverage" in r:
-        print(
-            f"  coverage {r['coverage']:.1%} of the root ({r['root_ms_per_step']:.3f} ms/step, "
-            f"{r['uncovered_ms_per_step']:.3f} uncovered); the root is "
-            f"{r['root_of_whole_backward']:.1%} of loss.backward() "
-            f"({r['loss_backward_ms_per_step']:.3f} ms/step)"
-        )
+        print(f"  coverage of the backward root {r['coverage']:.1%}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--workloads", default="gpt2,resnet50", help="GPU: gpt2, resnet50")
-    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--workloads", default="gpt2", help="GPU: gpt2, resnet50")
+    parser.add_argument("--rounds", type=int, default=None, help="default 15 (smoke: 3)")
+    parser.add_argument("--block", type=int, default=None, help="steps a block")
+    parser.add_argument("--steps", type=int, default=0, help="growth check: steps (0: none)")
+    parser.add_argument("--smoke", action="store_true", help="CPU, tiny: the script runs")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
     args = parser.parse_args()
+    if args.smoke and args.device != "cpu":
+        parser.error("--smoke runs on the CPU")
+    rounds = args.rounds or (3 if args.smoke else ROUNDS)
     results: dict[str, Any] = {"torch": torch.__version__, "device": args.device}
     if args.device == "cpu":
-        model, step = _cpu_model()
-        r = _measure(model, step, "cpu", STEPS, args.rounds)
-        plain = r["plain_ms_best"]
-        print(f"cpu: {r['modules']} modules, {STEPS} steps x {args.rounds} rounds (best round)")
-        for v in VARIANTS:
-            t = r[f"{v}_ms_best"]
-            extra_us = (t - plain) * 1e3 / r["modules"]
-            print(
-                f"{v:9s} {t:8.3f} ms/step  {t / plain:5.2f}x  "
-                f"{extra_us:+7.2f} us per module per step"
-            )
-        results["cpu"] = r
+        model, step, what = _stack_cpu(args.smoke)
+        steps = args.block or (3 if args.smoke else STEPS)
+        results["cpu"] = r = measure(model, step, "cpu", steps, rounds)
+        r["what"] = what
+        _print(f"cpu: {what}", r)
+        runs = [("cpu", model, step, "cpu")]
     else:
         results["gpu"] = torch.cuda.get_device_name()
-        builders = {"gpt2": (_gpt2_cuda, 10), "resnet50": (_resnet50_cuda, 4)}
+        runs = []
         for name in args.workloads.split(","):
-            builder, steps = builders[name]
-            model, step, what = builder()
-            r = _measure(
-                model, step, "cuda", int(os.environ.get("CUDATIMER_BENCH_N", steps)), args.rounds
-            )
+            if name == "gpt2":
+                model, step, what = _gpt2_cuda(seq=256)
+                default = 8
+            elif name == "resnet50":
+                model, step, what = _resnet50_cuda()
+                default = 4
+            else:
+                parser.error(f"--workloads: unknown {name!r} (gpt2, resnet50)")
+            r = measure(model, step, "cuda", args.block or default, rounds)
             r["what"] = what
-            _print(name, what, r)
+            _print(f"{name}: {what}", r)
             results[name] = r
-            del model, step
-            gc.collect()
-            torch.cuda.empty_cache()
+            runs.append((name, model, step, "cuda"))
+    if args.steps:
+        name, model, step, device = runs[0]
+        g = growth(model, step, device, args.steps)
+        results[f"{name}_growth"] = g
+        print(
+            f"growth ({name}, backward rows, {g['steps']} steps): last {g['window']} steps "
+            f"{g['last_ms']:.3f} ms against {g['first_ms']:.3f} ms after warm-up: "
+            f"{g['last_over_first']:.3f}x (plain after / before: "
+            f"{g['plain_after_over_before']:.3f}x)"
+        )
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -172,14 +172,14 @@ SUITES: tuple[Suite, ...] = (
     Suite(
         "backward",
         "B",
-        "backward rows: GPT-2 and ResNet-50 step ratios, the bare-hook floor, coverage (GPU); "
-        "the host cost per module per step (CPU, smoke)",
+        "backward rows: host time per backward row against per forward row, the GPT-2 step "
+        "ratios, coverage and the growth over 1000 steps (GPU); the same per row on the CPU",
         full=(
-            "{py} benchmarks/backward_cost.py --device cuda --rounds 16 --out {out}/backward.json",
+            "{py} benchmarks/backward_cost.py --device cuda --rounds 9 --steps 1000 "
+            "--out {out}/backward.json",
         ),
-        smoke=("{py} benchmarks/backward_cost.py --out {out}/backward.json",),
+        smoke=("{py} benchmarks/backward_cost.py --smoke --out {out}/backward.json",),
         needs=("cuda",),
-        smoke_env=(("CUDATIMER_BENCH_N", "2"),),
     ),
     Suite(
         "sinks",

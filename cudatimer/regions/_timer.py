@@ -359,7 +359,12 @@ class _BackwardRegion(Region):
         # The backward row measures what the region measures (memory=True: its memory too).
         same = {k: v for probe in self.probes for k, v in probe.options.items()}
         row = None if DISABLED_AT_IMPORT else timer.region(f"{name}.backward", **same)  # type: ignore[arg-type]
-        self.backward_site = None if row is None else _backward.Site(row, (f"{name}.backward",))
+        # every=N: one call's backward row in N, by a counter of the row's own name (shared,
+        # as the forward's, by every Region of this name and rate).
+        counter = timer._sampler(f"{name}.backward", self.every) if self.every != 1 else None
+        self.backward_site = (
+            None if row is None else _backward.Site(row, (f"{name}.backward",), counter, self.every)
+        )
         self._seqs = _Seqs()
 
     def __enter__(self) -> Region:
@@ -369,7 +374,10 @@ class _BackwardRegion(Region):
         seqs.stack.append(_backward.seq_now())
         seqs.hooked.append(False)
         try:
-            _core.RegionBase.__enter__(self)
+            if self.counter is not None:  # every=N: the sampled enter hook
+                self.timer.recorder.enter_sampled(self)
+            else:
+                _core.RegionBase.__enter__(self)
         except BaseException as exc:  # (a KeyboardInterrupt, say): nothing of it stays open
             if len(stack) > depth:
                 _core.RegionBase.__exit__(self, type(exc), exc, exc.__traceback__)
@@ -436,7 +444,10 @@ class _BackwardRegion(Region):
         self._seqs.hooked[-1] = True
         site = self.backward_site
         if site is not None and torch.is_grad_enabled() and site.store.enabled:
-            _backward.watch(outputs, stack[-1], site, bounded=True)
+            if site.sampled():
+                _backward.watch(outputs, stack[-1], site, bounded=True)
+            else:
+                site.skip()
 
 
 #: Per Timer, the backward regions already warned about a block without ``backward_from``.
@@ -776,13 +787,12 @@ class Timer:
             payload = float(payload)
         rgb = resolve_color(name, color)
         if backward:
-            if every != 1:
-                raise ValueError(
-                    f"backward=True cannot be combined with every={every}: a backward row is "
-                    "opened by autograd, not by a call that could be sampled"
-                )
+            # every=N samples the backward rows too: one call's in N hooks its outputs.
+            rate = every if mode != "nvtx" else 1
             kind: type[_BackwardRegion] = _ProbedBackwardRegion if probes else _BackwardRegion
-            return kind(self, name, mode, rgb, category, payload, clock, keys, probes=probes)
+            return kind(
+                self, name, mode, rgb, category, payload, clock, keys, every=rate, probes=probes
+            )
         if every != 1 and mode != "nvtx":
             made: Mode = mode  # type: ignore[assignment]
             on: Clock = clock  # type: ignore[assignment]

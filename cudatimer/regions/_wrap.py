@@ -176,7 +176,11 @@ def wrap(fn: Any, region: Region, entry: bool = True) -> Any:
     # when a block never calls it); a decorated call hooks its outputs itself, so it takes the
     # core's pair.
     plain = site is None
-    r_enter = _core.RegionBase.__enter__.__get__(region)
+    r_enter: Callable[[], Any]
+    if site is not None and region.counter is not None:  # every=N: the sampled enter hook
+        r_enter = functools.partial(rec.enter_sampled, region)
+    else:
+        r_enter = _core.RegionBase.__enter__.__get__(region)
     r_exit = _core.RegionBase.__exit__.__get__(region)
     # flops=True: the call counted inside the region, once per input signature; the
     # region's own flops probe (for `with` blocks and compiled calls) left out of the eager

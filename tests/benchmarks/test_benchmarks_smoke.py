@@ -413,12 +413,33 @@ def test_disabled_cost_measures_both_switches() -> None:
     ]
 
 
-def test_backward_cost_reports_host_cost_per_module() -> None:
-    """backward_cost.py times the plain, forward-only, backward=True and floor steps per module."""
-    out = _script("backward_cost.py", 2)
-    rows = [line.split()[0] for line in out.stdout.splitlines()[1:]]
-    assert rows == ["plain", "forward", "backward", "floor"]
-    assert "us per module per step" in out.stdout
+def test_backward_cost_smoke_gives_host_time_per_row_and_the_growth_check(tmp_path: Path) -> None:
+    """backward_cost.py --smoke: per round host time per forward row and per backward row
+    (in loss.backward() and its forward side), the three steps' ratios, and the growth check."""
+    path = tmp_path / "backward.json"
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "backward_cost.py"),
+            "--smoke",
+            "--steps",
+            "60",
+            "--out",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    r = json.loads(path.read_text())["cpu"]
+    assert r["rounds"] == 3 and r["forward_rows_per_step"] == r["backward_rows_per_step"] == 17
+    for key in ("forward_row_us", "backward_row_in_backward_us", "backward_row_us"):
+        assert len(r[f"{key}_rounds"]) == 3 and r[key]["min"] <= r[key]["median"] <= r[key]["max"]
+    assert set(r["ratio"]) == {"forward", "backward"}
+    g = json.loads(path.read_text())["cpu_growth"]
+    assert g["steps"] == 60 and g["window"] == 12 and g["last_over_first"] > 0
+    assert "backward row / forward row" in out.stdout and "growth (cpu" in out.stdout
 
 
 def test_compile_targets_runs_on_the_cpu(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 import cudatimer
 from cudatimer import Timer
 from cudatimer.regions._timer import live_timers
-from cudatimer.sources import _capture, _compile
+from cudatimer.sources import _backward, _capture, _compile
 from cudatimer.sources._source import TIMERS
 from tests.helpers.fake_cuda import FakeGPU, FakeGraph, install
 
@@ -138,14 +138,12 @@ def test_reset_clears_the_sync_counts_and_backward_paths() -> None:
     t = Timer(name="counts")
     with t.region("r"):
         assert t.recorder.syncs.note("item", "x.py:1")
-    row = t.region("r.backward")
-    token = t.recorder.backward.begin_at(row, ("r.backward",))
-    t.recorder.end(row, token)
+    site = _backward.Site(t.region("r.backward"), ("r.backward",))
+    site.close(site.open())
     assert t.summary()["r"].syncs == 1 and t.summary()["r.backward"].calls == 1
     t.reset()
     assert t.summary().sync_sites == () and t.recorder.syncs.per_slot == {}
-    token = t.recorder.backward.begin_at(row, ("r.backward",))
-    t.recorder.end(row, token)
+    site.close(site.open())  # its cached slot was of the old generation: taken again
     assert [r.name for r in t.summary().regions] == ["r.backward"]
 
 

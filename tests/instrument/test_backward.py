@@ -5,6 +5,7 @@ GPU times come from the fake GPU (tests/helpers/fake_cuda.py); the real one is i
 
 from __future__ import annotations
 
+import io
 import json
 import warnings
 from collections.abc import Callable, Iterator
@@ -410,7 +411,6 @@ def test_no_rows_without_grad_or_with_the_timer_off() -> None:
     ("make", "error", "text"),
     [
         (lambda t: t.region("r", backward="yes"), TypeError, "backward must be a bool"),
-        (lambda t: t.region("r", backward=True, every=4), ValueError, "every=4"),
         (lambda t: t.region("r", backward=True).backward_from(), TypeError, "outputs"),
         (lambda t: t.region("r", backward=True).backward_from(1), TypeError, "outputs\\[0\\]"),
         (lambda t: t.region("r", backward=True).backward_from(X), RuntimeError, "outside"),
@@ -420,7 +420,7 @@ def test_no_rows_without_grad_or_with_the_timer_off() -> None:
             "backward=True",
         ),
     ],
-    ids=["not-bool", "every", "no-outputs", "not-tensor", "outside-block", "generator"],
+    ids=["not-bool", "no-outputs", "not-tensor", "outside-block", "generator"],
 )
 def test_bad_input_names_the_argument(make: Any, error: type[Exception], text: str) -> None:
     """Bad backward arguments fail at once with the argument's name."""
@@ -511,3 +511,73 @@ def test_a_reset_inside_the_pass_drops_that_pass_s_rows(gpu: FakeGPU) -> None:
         assert backward_rows(t) == {}
         model(X).sum().backward()
     assert backward_rows(t) == dict.fromkeys(ROWS, 1)
+
+
+def test_every_n_samples_the_backward_rows_as_the_forward_calls(gpu: FakeGPU) -> None:
+    """every=4 with backward=True: 8 calls, each row counts 8 and times 2 (one in 4), and
+    the calls not sampled hook nothing (their outputs carry no hook)."""
+    t = Timer(name="sampled")
+    x = torch.ones(2, requires_grad=True)
+    outs: list[torch.Tensor] = []
+
+    @t.timed("attention", backward=True, every=4)
+    def attention(z: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = _Spend.apply(z * 2.0, gpu, 2.0)
+        outs.append(out)
+        return out
+
+    for _ in range(8):
+        attention(x).sum().backward()
+    s = t.summary()
+    assert calls(t) == {"attention": 8, "attention.backward": 8}
+    assert s["attention"].gpu.count == 2
+    assert s["attention.backward"].gpu.count == 2
+    assert s["attention.backward"].gpu_mean_ms == pytest.approx(2.0)
+    assert [out._backward_hooks is not None for out in outs] == [i % 4 == 0 for i in range(8)]
+
+
+def test_every_n_samples_a_with_block_s_backward_row(gpu: FakeGPU) -> None:
+    """every=2 on a `with` block with backward_from: 4 blocks, both rows count 4, time 2."""
+    t = Timer(name="sampled-block")
+    x = torch.ones(2, requires_grad=True)
+    for _ in range(4):
+        region = t.region("mix", backward=True, every=2)
+        with region:
+            y = _Spend.apply(x * 2.0, gpu, 1.0)
+            region.backward_from(y)
+        y.sum().backward()
+    s = t.summary()
+    assert calls(t) == {"mix": 4, "mix.backward": 4}
+    assert s["mix"].gpu.count == 2 and s["mix.backward"].gpu.count == 2
+
+
+def test_the_hook_rides_the_output_s_hook_dict_and_leaves_user_hooks_as_they_were() -> None:
+    """A module's output carries the row's hook in its hook dict (no RemovableHandle); a
+    user's hook on it sees the gradient it sees without cudatimer, before and after an
+    in-place op on it; torch.save of the output warns about no hook of cudatimer's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    x = torch.randn(3, 4)
+
+    def run(inplace: bool) -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        seen: list[torch.Tensor] = []
+        out = model(x)
+        if inplace:
+            out.mul_(3.0)
+        out.register_hook(lambda g: seen.append(g.clone()))
+        (out * torch.arange(4.0)).sum().backward()
+        return [*seen, *(p.grad.clone() for p in model.parameters() if p.grad is not None)]
+
+    want = {inplace: run(inplace) for inplace in (False, True)}
+    t = Timer(name="hook-dict")
+    with cudatimer.instrument(model, backward=True, timer=t):
+        out = model(x)
+        assert list(out._backward_hooks) == [_backward._KEY]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            torch.save(out, io.BytesIO())
+        got = {inplace: run(inplace) for inplace in (False, True)}
+    for inplace in (False, True):
+        assert len(got[inplace]) == 5 and _same(got[inplace], want[inplace])
+    assert backward_rows(t)["Sequential.backward/1"] == 2

@@ -187,3 +187,38 @@ def test_compiled_training_step_backward_rows_never_synchronize() -> None:
     handle.remove()
     for a, b in zip(*grads, strict=True):
         assert torch.equal(a, b)
+
+
+def test_sampled_backward_rows_never_synchronize() -> None:
+    """every=2 with backward=True on a CUDA step: no synchronising CUDA call added against
+    the plain step, the row counts every call and times every other one on cuda:0, and the
+    gradients are bitwise the plain step's."""
+    model = _model()
+    x = torch.randn(64, 256, device="cuda")
+    steps = 10
+    t = Timer(name="gpu-backward-sampled")
+    timed = t.timed("mlp", backward=True, every=2)(model.forward)
+
+    def train(forward: object) -> None:
+        for _ in range(steps):
+            forward(x).square().mean().backward()  # type: ignore[operator]
+            model.zero_grad(set_to_none=False)
+
+    def grads(forward: object) -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        forward(x).square().mean().backward()  # type: ignore[operator]
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    train(model.forward)  # warm-up: cuBLAS handles, the allocator
+    train(timed)  # warm-up of the event pool
+    torch.cuda.synchronize()
+    expected = grads(model.forward)
+    base = count_runtime_calls(lambda: train(model.forward))
+    t.reset()
+    with_rows = count_runtime_calls(lambda: train(timed))
+    for name in SYNC_CALLS:
+        assert with_rows.get(name, 0) == base.get(name, 0), (name, with_rows, base)
+    row = t.summary().get("mlp.backward", clock="cuda:0")
+    assert row is not None and row.calls == steps and row.gpu is not None
+    assert row.gpu.count == steps // 2
+    assert all(torch.equal(a, b) for a, b in zip(grads(timed), expected, strict=True))
