@@ -271,21 +271,27 @@ def _sync(device: str) -> None:
 
 def _timed_block(step: Step, device: str, steps: int) -> dict[str, float]:
     """Seconds a step: ``forward`` (model and loss) and ``backward`` (``loss.backward()``)
-    host time, summed per step; ``step``: a step's time between two synchronizations (the
-    CPU: the sum of its CPU time)."""
+    host time, the median over the block's steps (another job's burst on a shared machine
+    moves a few steps, not the median); ``step``: the mean step between two
+    synchronizations (the CPU: CPU time)."""
     clock = time.process_time if device == "cpu" else time.perf_counter
     split = _Split(clock)
-    fwd = bwd = 0.0
+    fwd: list[float] = []
+    bwd: list[float] = []
     _sync(device)
     gc.collect()
     t_start = clock()
     for _ in range(steps):
         t0 = clock()
         step(split)
-        fwd += split.t_enter - t0
-        bwd += split.t_exit - split.t_enter
+        fwd.append(split.t_enter - t0)
+        bwd.append(split.t_exit - split.t_enter)
     _sync(device)
-    return {"forward": fwd / steps, "backward": bwd / steps, "step": (clock() - t_start) / steps}
+    return {
+        "forward": statistics.median(fwd),
+        "backward": statistics.median(bwd),
+        "step": (clock() - t_start) / steps,
+    }
 
 
 def _rows(s: Any, steps: int) -> tuple[float, float]:
