@@ -55,14 +55,16 @@ def test_live_benchmark_reports_cost_and_latency(tmp_path: Path) -> None:
     """live_overhead.py --smoke writes both variants' times, the publisher's duty, latencies."""
     out = tmp_path / "live.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "live_overhead.py"), "--smoke"]
-    args = ["--block-s", "0.3", "--latency-steps", "0.1", "--out", str(out)]
+    args = ["--block-s", "1.0", "--latency-steps", "0.1", "--out", str(out)]
     done = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(out.read_text())
     cost = data["cost"]
     assert set(cost["ms_per_step"]) == {"regions", "regions+live"}
     assert len(cost["rounds"]["regions+live"]) == 2 and cost["ratio_median"] > 0
-    assert 0 < cost["publisher_duty_median"] < 0.05
+    # On a loaded 2-core machine the thread may not get a round into a block at all (0.0):
+    # the figure's bound is what the test holds; the latency part proves it publishes.
+    assert 0 <= cost["publisher_duty_median"] < 0.05
     (latency,) = data["latency"]
     assert latency["step_s"] == 0.1 and latency["seen"] == latency["steps"] == 4
     assert 0 < latency["max_s"] < 3.0
