@@ -27,7 +27,8 @@ from cudatimer.regions._timer import Region
 from cudatimer.render._export import save
 from cudatimer.render._html import render_html
 from cudatimer.render._report import render, render_compare, render_ranks
-from tests.helpers.fake_cuda import FakeAllocator, FakeGPU, install
+from tests.helpers.fake_cuda import FakeGPU, install
+from tests.helpers.memory_net import Keep, KeepNet
 
 MiB = 1 << 20
 FIELDS = (
@@ -112,77 +113,36 @@ def test_a_region_without_memory_is_a_plain_region_and_marks_nothing(gpu: FakeGP
     assert type(measured) is not Region and measured.probes
 
 
-class _Keep(torch.autograd.Function):
-    """Allocates ``n`` bytes on the fake allocator in forward (freed in backward, after a
-    temporary of ``tmp`` bytes), like a module saving tensors for its backward."""
-
-    mem: FakeAllocator
-
-    @staticmethod
-    def forward(ctx: object, x: torch.Tensor, n: int, tmp: int) -> torch.Tensor:
-        ctx.handle = _Keep.mem.alloc(n)  # type: ignore[attr-defined]
-        ctx.tmp = tmp  # type: ignore[attr-defined]
-        return x * 2
-
-    @staticmethod
-    def backward(ctx: object, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        _Keep.mem.temp(ctx.tmp)  # type: ignore[attr-defined]
-        _Keep.mem.free(ctx.handle)  # type: ignore[attr-defined]
-        return grad * 2, None, None
-
-
-class _Layer(torch.nn.Module):
-    def __init__(self, n: int, tmp: int) -> None:
-        super().__init__()
-        self.n, self.tmp = n, tmp
-        self.w = torch.nn.Parameter(torch.ones(2))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = _Keep.apply(x * self.w, self.n, self.tmp)  # type: ignore[no-untyped-call]
-        return out
-
-
-class _Net(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = _Layer(10 * MiB, 3 * MiB)
-        self.b = _Layer(20 * MiB, 5 * MiB)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.b(self.a(x))
-        return out
-
-
 def test_instrument_measures_forward_and_backward_rows(gpu: FakeGPU) -> None:
     """Forward rows keep what the layers save; backward rows free it (negative deltas) and
     peak at their temporaries; the model's rows hold both layers'."""
-    _Keep.mem = gpu.memory
+    Keep.mem = gpu.memory
     t = Timer(name="instrumented")
-    net = _Net()
+    net = KeepNet()
     with cudatimer.instrument(net, backward=True, memory=True, memory_every=1, timer=t):
         for _ in range(2):
             net(torch.ones(2)).sum().backward()
     s = t.summary()
     got = {r.name: (r.values["mem_delta"].mean, r.values["mem_peak"].max) for r in s.regions}
     assert got == {
-        "_Net": (30.0 * MiB, 30.0 * MiB),
-        "_Net/a": (10.0 * MiB, 10.0 * MiB),
-        "_Net/b": (20.0 * MiB, 20.0 * MiB),
-        "_Net.backward": (-30.0 * MiB, 5.0 * MiB),
-        "_Net.backward/b": (-20.0 * MiB, 5.0 * MiB),
-        "_Net.backward/a": (-10.0 * MiB, 3.0 * MiB),
+        "KeepNet": (30.0 * MiB, 30.0 * MiB),
+        "KeepNet/a": (10.0 * MiB, 10.0 * MiB),
+        "KeepNet/b": (20.0 * MiB, 20.0 * MiB),
+        "KeepNet.backward": (-30.0 * MiB, 5.0 * MiB),
+        "KeepNet.backward/b": (-20.0 * MiB, 5.0 * MiB),
+        "KeepNet.backward/a": (-10.0 * MiB, 3.0 * MiB),
     }
     assert all(r.values["mem_delta"].count == 2 for r in s.regions)
 
 
 def test_a_region_s_backward_row_is_measured_too(gpu: FakeGPU) -> None:
     """cuda_region(backward=True, memory=True): the <name>.backward row gets memory values."""
-    _Keep.mem = gpu.memory
+    Keep.mem = gpu.memory
     t = Timer(name="region-backward")
     x = torch.ones(2, requires_grad=True)
     region = t.region("blk", backward=True, memory=True)
     with region:
-        y = _Keep.apply(x, 4 * MiB, 1 * MiB)  # type: ignore[no-untyped-call]
+        y = Keep.apply(x, 4 * MiB, 1 * MiB)  # type: ignore[no-untyped-call]
         region.backward_from(y)
     y.sum().backward()
     assert _mem(t, "blk") == (Tally.of([4 * MiB]), Tally.of([4 * MiB]))

@@ -20,7 +20,8 @@ from cudatimer import Timer
 from cudatimer.records._values import Tally
 from cudatimer.render._report import render
 from cudatimer.sources import _memory
-from tests.helpers.fake_cuda import FakeAllocator, FakeGPU, install
+from tests.helpers.fake_cuda import FakeGPU, install
+from tests.helpers.memory_net import Keep, KeepNet
 
 MiB = 1 << 20
 N = _memory.MEMORY_EVERY
@@ -151,46 +152,6 @@ def test_the_program_s_own_history_is_never_turned_off(gpu: FakeGPU, pause_alway
     assert _tallies(t, "step")[0] == Tally.of([MiB, (N + 1) * MiB])
 
 
-class _Keep(torch.autograd.Function):
-    """Allocates ``n`` bytes in forward, frees them in backward after a ``tmp`` temporary."""
-
-    mem: FakeAllocator
-
-    @staticmethod
-    def forward(ctx: object, x: torch.Tensor, n: int, tmp: int) -> torch.Tensor:
-        ctx.handle = _Keep.mem.alloc(n)  # type: ignore[attr-defined]
-        ctx.tmp = tmp  # type: ignore[attr-defined]
-        return x * 2
-
-    @staticmethod
-    def backward(ctx: object, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        _Keep.mem.temp(ctx.tmp)  # type: ignore[attr-defined]
-        _Keep.mem.free(ctx.handle)  # type: ignore[attr-defined]
-        return grad * 2, None, None
-
-
-class _Layer(torch.nn.Module):
-    def __init__(self, n: int, tmp: int) -> None:
-        super().__init__()
-        self.n, self.tmp = n, tmp
-        self.w = torch.nn.Parameter(torch.ones(2))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = _Keep.apply(x * self.w, self.n, self.tmp)  # type: ignore[no-untyped-call]
-        return out
-
-
-class _Net(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = _Layer(10 * MiB, 3 * MiB)
-        self.b = _Layer(20 * MiB, 5 * MiB)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.b(self.a(x))
-        return out
-
-
 @pytest.mark.parametrize("pause", [False, True])
 def test_instrument_samples_forward_and_backward_of_the_same_steps(
     gpu: FakeGPU, monkeypatch: pytest.MonkeyPatch, pause: bool
@@ -198,9 +159,9 @@ def test_instrument_samples_forward_and_backward_of_the_same_steps(
     """2N training steps with the default: every forward and backward row measured twice
     (steps 0 and N), with the values of a step measured alone; the rows count every call."""
     monkeypatch.setattr(_memory, "PAUSE_AFTER_S", 0.0 if pause else 1e9)
-    _Keep.mem = gpu.memory
+    Keep.mem = gpu.memory
     t = Timer(name="train")
-    net = _Net()
+    net = KeepNet()
     with cudatimer.instrument(net, backward=True, memory=True, timer=t):
         for _ in range(2 * N):
             net(torch.ones(2)).sum().backward()
@@ -208,16 +169,16 @@ def test_instrument_samples_forward_and_backward_of_the_same_steps(
     s = t.summary()
     got = {r.name: (r.values["mem_delta"].mean, r.values["mem_peak"].max) for r in s.regions}
     assert got == {
-        "_Net": (30.0 * MiB, 30.0 * MiB),
-        "_Net/a": (10.0 * MiB, 10.0 * MiB),
-        "_Net/b": (20.0 * MiB, 20.0 * MiB),
-        "_Net.backward": (-30.0 * MiB, 5.0 * MiB),
-        "_Net.backward/b": (-20.0 * MiB, 5.0 * MiB),
-        "_Net.backward/a": (-10.0 * MiB, 3.0 * MiB),
+        "KeepNet": (30.0 * MiB, 30.0 * MiB),
+        "KeepNet/a": (10.0 * MiB, 10.0 * MiB),
+        "KeepNet/b": (20.0 * MiB, 20.0 * MiB),
+        "KeepNet.backward": (-30.0 * MiB, 5.0 * MiB),
+        "KeepNet.backward/b": (-20.0 * MiB, 5.0 * MiB),
+        "KeepNet.backward/a": (-10.0 * MiB, 3.0 * MiB),
     }
     assert all(r.values["mem_delta"].count == 2 and r.calls == 2 * N for r in s.regions)
-    assert t.summary(steps=[N])["_Net.backward/a"].values["mem_delta"].count == 1
-    assert not t.summary(steps=[1])["_Net"].values
+    assert t.summary(steps=[N])["KeepNet.backward/a"].values["mem_delta"].count == 1
+    assert not t.summary(steps=[1])["KeepNet"].values
     assert (gpu.memory.pauses > 0) == pause
 
 
